@@ -1,0 +1,39 @@
+"""ray-megatron-env: the right CUDA_DEVICE_MAX_CONNECTIONS on every Ray node.
+
+The names below load on first use: Ray's runtime-env agent imports
+``ray_megatron_env.plugin`` (and so this file) on every node, and a plugin
+import that pulls in more than it needs can only slow the node down or, if
+something is broken, keep it from joining the cluster.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "build_runtime_env": "runtime_env",
+    "read_decision": "worker",
+    "check_cluster": "check",
+    "explain": "explain",
+    "Decision": "decision",
+    "MegatronEnvError": "errors",
+    "FieldTypeError": "errors",
+    "FieldValueError": "errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .check import check_cluster
+    from .decision import Decision
+    from .errors import FieldTypeError, FieldValueError, MegatronEnvError
+    from .explain import explain
+    from .runtime_env import build_runtime_env
+    from .worker import read_decision
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,54 @@
+"""What the plugin does on a node, free of Ray's plugin plumbing.
+
+``plugin.py`` is the thin class Ray loads; this module is where a worker's
+environment is decided, so it can be exercised directly with a plain dict
+for ``env_vars`` and a fake probe.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, MutableMapping, Optional
+
+from .decision import DECISION_VARIABLE, EXPLICIT, Decision, decide
+from .field import explicit_value, parse_field
+from .gpus import NodeGpus
+from .probe import ProbeCache
+from .rules import VARIABLE
+from .spec import FIELD
+
+
+def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
+    """Raise the user-facing error for a bad field or explicit value."""
+    parse_field(runtime_env.get(FIELD))
+    explicit_value(runtime_env.get("env_vars"))
+
+
+class NodeAgent:
+    """The plugin's state on one node: its GPU probe, cached."""
+
+    def __init__(self, cache: Optional[ProbeCache] = None) -> None:
+        self.cache = cache or ProbeCache()
+
+    async def probe_async(self) -> NodeGpus:
+        return await self.cache.get_async()
+
+    def apply(self, runtime_env: Mapping[str, Any], env_vars: MutableMapping[str, str],
+              node_environ: Mapping[str, str], logger: logging.Logger) -> Decision:
+        """Decide for this node and write the worker's two variables."""
+        spec = parse_field(runtime_env.get(FIELD))
+        decision = decide(spec, self.cache.get(), explicit=explicit_value(env_vars),
+                          inherited=node_environ.get(VARIABLE))
+        if decision.value is not None and decision.source != EXPLICIT:
+            env_vars[VARIABLE] = decision.value
+        env_vars[DECISION_VARIABLE] = decision.to_json()
+        log_decision(logger, decision)
+        return decision
+
+
+def log_decision(logger: logging.Logger, decision: Decision) -> None:
+    shown = decision.value if decision.value is not None else "unset"
+    logger.info("%s: %s=%s (source: %s; GPUs: %s): %s", FIELD, VARIABLE, shown,
+                decision.source, decision.gpus, decision.reason)
+    for warning in decision.warnings:
+        logger.warning("%s: %s", FIELD, warning)

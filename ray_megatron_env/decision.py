@@ -1,0 +1,127 @@
+"""The decision for one node: the value, where it came from, and why.
+
+``decide`` applies the precedence of DESIGN.md on top of the policy's
+verdict. A ``Decision`` travels to every worker as JSON in
+``RAY_MEGATRON_ENV_DECISION`` and is what the CLI prints.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import __version__
+from .field import parse_connections
+from .gpus import NodeGpus
+from .policy import Verdict, evaluate
+from .rules import NOTHING, VARIABLE
+from .spec import Spec
+
+DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
+
+EXPLICIT, POLICY, NODE, NONE = "explicit", "policy", "node", "none"
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: Optional[str]  # what the worker's CUDA_DEVICE_MAX_CONNECTIONS is; None: unset
+    source: str  # explicit | policy | node | none
+    reason: str
+    requirement: str  # the policy's requirement: '1', '1 or 32', 'not 1', 'none'
+    gpus: Optional[List[str]]  # capabilities seen on the node; None if the probe failed
+    engines: Dict[str, str] = field(default_factory=dict)  # role -> engine
+    rules: Dict[str, str] = field(default_factory=dict)  # role -> rule id
+    conflict: bool = False
+    warnings: Tuple[str, ...] = ()
+    node_value: Optional[str] = None  # inherited from the node's environment
+    probe: Dict[str, Any] = field(default_factory=dict)
+    version: str = __version__
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["warnings"] = list(self.warnings)
+        return out
+
+    def to_json(self) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        # Ray expands $VAR and ${VAR} in env_vars values when it starts the
+        # worker; JSON's own escape keeps any '$' literal.
+        return text.replace("$", "\\u0024")
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Decision":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["warnings"] = tuple(known.get("warnings", ()))
+        return cls(**known)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Decision":
+        return cls.from_dict(json.loads(text))
+
+
+def _parse_inherited(value: Optional[str]) -> Optional[int]:
+    try:
+        return parse_connections(value, VARIABLE)
+    except (TypeError, ValueError):
+        return None
+
+
+def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
+           inherited: Optional[str] = None) -> Decision:
+    """Apply the precedence to the policy's verdict for this node.
+
+    ``explicit`` is the runtime env's own ``env_vars`` value (already checked);
+    ``inherited`` is the node's environment value, if any.
+    """
+    verdict = evaluate(spec, gpus)
+    value, source, outcome, warnings = _resolve(verdict, explicit, inherited)
+    if not gpus.is_known:
+        warnings.insert(0, f"the GPU probe ({gpus.method}) failed, so the node was treated "
+                           f"as pre-Blackwell: {gpus.error}")
+    return Decision(
+        value=value,
+        source=source,
+        reason=f"{verdict.reason}; {outcome}.",
+        requirement=verdict.requirement.label,
+        gpus=gpus.labels(),
+        engines={f.role: f.engine.describe() for f in verdict.findings},
+        rules={f.role: f.rule.id for f in verdict.findings},
+        conflict=verdict.conflict,
+        warnings=tuple(warnings),
+        node_value=inherited,
+        probe={"method": gpus.method, "error": gpus.error, "detail": gpus.detail,
+               "probed_at": gpus.probed_at, "pid": gpus.probe_pid},
+    )
+
+
+def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]):
+    need = verdict.requirement
+    warnings = []
+    if explicit is not None:
+        if need.allows(parse_connections(explicit, VARIABLE)):
+            return explicit, EXPLICIT, f"the explicit env_vars value {explicit} is kept", warnings
+        roles = ", ".join(f.role for f in verdict.findings
+                          if not f.rule.requirement.allows(int(explicit)))
+        warnings.append(f"explicit {VARIABLE}={explicit} breaks the requirement "
+                        f"({need.label}) of {roles}; kept because env_vars is the user's intent")
+        return (explicit, EXPLICIT,
+                f"the explicit env_vars value {explicit} is kept although it breaks this",
+                warnings)
+    if inherited is not None:
+        parsed = _parse_inherited(inherited)
+        if parsed is None:
+            warnings.append(f"the node's {VARIABLE}={inherited!r} is not an integer from 1 "
+                            "to 32")
+        if need == NOTHING:
+            return inherited, NODE, f"the node's value {inherited} is kept", warnings
+        if parsed is not None and need.allows(parsed):
+            return inherited, NODE, f"the node's value {inherited} is kept", warnings
+        chosen = str(need.choose())
+        return chosen, POLICY, f"the node's value {inherited} is replaced by {chosen}", warnings
+    if not need.unset_ok:
+        chosen = str(need.choose())
+        return chosen, POLICY, f"set to {chosen}", warnings
+    if need == NOTHING:
+        return None, NONE, "left unset", warnings
+    return None, NONE, "left unset (CUDA's default, 8)", warnings

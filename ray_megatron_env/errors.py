@@ -1,0 +1,18 @@
+"""The errors a user can get from a bad ``megatron_env`` value.
+
+Both subclass the built-in error a caller would expect (``TypeError`` for a
+value of the wrong type, ``ValueError`` for a wrong value), so code that
+already catches those keeps working, and ``MegatronEnvError`` catches both.
+"""
+
+
+class MegatronEnvError(Exception):
+    """Base class: the ``megatron_env`` field or config is not usable."""
+
+
+class FieldTypeError(MegatronEnvError, TypeError):
+    """A key holds a value of the wrong type."""
+
+
+class FieldValueError(MegatronEnvError, ValueError):
+    """A key holds a value of the right type that is not allowed."""

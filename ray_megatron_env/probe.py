@@ -1,0 +1,268 @@
+"""Finding a node's GPUs: the fake variable, then NVML, then nvidia-smi.
+
+This is the hardware edge. It never raises: any failure becomes a
+``NodeGpus`` with ``capabilities=None`` and the error text, which the
+policy treats conservatively. It never touches CUDA (no context, no GPU
+memory): NVML and nvidia-smi read the driver's device table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Callable, List, Mapping, Optional, Sequence
+
+from .gpus import Capability, NodeGpus, parse_capability
+
+FAKE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_GPUS"
+METHOD_VARIABLE = "RAY_MEGATRON_ENV_PROBE"  # auto (default) | nvml | nvidia-smi
+METHODS = ("auto", "nvml", "nvidia-smi")
+SMI_TIMEOUT_S = 3.0
+RETRY_FAILED_AFTER_S = 60.0
+
+_INDEX = re.compile(r"^-?\d+$")
+
+
+class ProbeError(Exception):
+    """A probe backend could not tell what the GPUs are."""
+
+
+def probe_gpus(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
+               smi_command: Sequence[str] = ("nvidia-smi",),
+               smi_timeout_s: float = SMI_TIMEOUT_S) -> NodeGpus:
+    """The GPUs this node exposes to workers. Never raises."""
+    try:
+        return _probe(environ, nvml, smi_command, smi_timeout_s)
+    except Exception as exc:  # a bug here must not fail every worker start
+        return NodeGpus.unknown("probe", f"unexpected {type(exc).__name__}: {exc}")
+
+
+def _probe(environ, nvml, smi_command, smi_timeout_s) -> NodeGpus:
+    fake = environ.get(FAKE_VARIABLE, "").strip()
+    if fake:
+        return _from_fake(fake)
+    method = environ.get(METHOD_VARIABLE, "auto").strip() or "auto"
+    if method not in METHODS:
+        return NodeGpus.unknown("probe", f"{METHOD_VARIABLE}={method!r} is not one of "
+                                         f"{', '.join(METHODS)}")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    nvml_error = None
+    if method in ("auto", "nvml"):
+        try:
+            return _from_nvml(visible, nvml)
+        except ProbeError as exc:
+            if method == "nvml":
+                return NodeGpus.unknown("nvml", str(exc))
+            nvml_error = str(exc)
+    try:
+        return _from_smi(visible, smi_command, smi_timeout_s)
+    except ProbeError as exc:
+        error = f"nvml: {nvml_error}; nvidia-smi: {exc}" if nvml_error else str(exc)
+        return NodeGpus.unknown("nvidia-smi", error)
+
+
+def _from_fake(text: str) -> NodeGpus:
+    if text.lower() == "none":
+        return NodeGpus.known((), "fake", detail=f"{FAKE_VARIABLE}=none")
+    try:
+        capabilities = [parse_capability(part) for part in text.split(",")]
+    except ValueError as exc:
+        return NodeGpus.unknown("fake", f"{FAKE_VARIABLE}={_clip(text)!r}: {exc}")
+    return NodeGpus.known(capabilities, "fake", detail=f"{FAKE_VARIABLE}={text}")
+
+
+def _select(visible: Optional[str], devices: List[tuple],
+            extra_uuids: Sequence[tuple] = ()) -> List[Capability]:
+    """Apply the node's CUDA_VISIBLE_DEVICES to ``devices``, ``[(uuid, capability)]``
+    in index order; ``extra_uuids`` (MIG instances) can be named by UUID only.
+
+    Indices and (prefixes of) GPU-/MIG- UUIDs are accepted as CUDA does; a
+    negative index ends the list as in CUDA (``-1`` hides every GPU). A name
+    that matches no device is an error rather than CUDA's silent truncation,
+    because the decision would otherwise describe GPUs the workers never see.
+    """
+    if visible is None:
+        return [cap for _, cap in devices]
+    chosen: List[Capability] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if not entry:
+            if visible.strip():
+                raise ProbeError(f"CUDA_VISIBLE_DEVICES={_clip(visible)!r} has an empty entry")
+            break
+        if _INDEX.match(entry):
+            index = int(entry)
+            if index < 0:
+                break
+            if index >= len(devices):
+                raise ProbeError(f"CUDA_VISIBLE_DEVICES names device {index}, but the node "
+                                 f"has {len(devices)} GPU(s)")
+            chosen.append(devices[index][1])
+            continue
+        matches = [cap for uuid, cap in (*devices, *extra_uuids)
+                   if uuid and uuid.startswith(entry)]
+        if len(matches) != 1:
+            problem = "no" if not matches else "more than one"
+            raise ProbeError(f"CUDA_VISIBLE_DEVICES entry {_clip(entry)!r} matches {problem} "
+                             "GPU UUID on the node")
+        chosen.append(matches[0])
+    return chosen
+
+
+def _from_nvml(visible: Optional[str], nvml: Any) -> NodeGpus:
+    if nvml is None:
+        try:
+            import pynvml as nvml  # nvidia-ml-py; loaded on first probe only
+        except Exception as exc:
+            raise ProbeError(f"nvidia-ml-py is not importable: {exc}") from None
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError_LibraryNotFound:
+        return NodeGpus.known((), "nvml", detail="NVML library not found: no NVIDIA driver")
+    except nvml.NVMLError as exc:
+        raise ProbeError(f"nvmlInit failed: {exc}") from None
+    try:
+        devices, migs = [], []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            capability = (int(major), int(minor))
+            devices.append((_text(nvml.nvmlDeviceGetUUID(handle)), capability))
+            if visible and "MIG-" in visible:
+                migs.extend(_mig_devices(nvml, handle, capability))
+        capabilities = _select(visible, devices, migs)
+    except nvml.NVMLError as exc:
+        raise ProbeError(f"NVML device query failed: {exc}") from None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+    return NodeGpus.known(capabilities, "nvml", detail=_visible_detail(visible, len(devices)))
+
+
+def _mig_devices(nvml: Any, handle: Any, capability: Capability) -> List[tuple]:
+    """MIG instances carry their parent's capability; listed only so that a
+    MIG-... UUID in CUDA_VISIBLE_DEVICES resolves (indices never name them)."""
+    get_count = getattr(nvml, "nvmlDeviceGetMaxMigDeviceCount", None)
+    if get_count is None:
+        return []
+    found = []
+    try:
+        for i in range(get_count(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+            except nvml.NVMLError:
+                continue
+            found.append((_text(nvml.nvmlDeviceGetUUID(mig)), capability))
+    except nvml.NVMLError:
+        return []  # MIG not supported or not enabled on this GPU
+    return [(uuid, cap) for uuid, cap in found if uuid.startswith("MIG-")]
+
+
+def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) -> NodeGpus:
+    args = [*command, "--query-gpu=index,uuid,compute_cap", "--format=csv,noheader"]
+    try:
+        # Its own session, so a hung nvidia-smi and anything it spawned can
+        # be killed together and the pipes close.
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        raise ProbeError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise ProbeError(f"{command[0]} did not answer within {timeout_s:g} s") from None
+    text = out.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        if "No devices were found" in text + err.decode("utf-8", "replace"):
+            return NodeGpus.known((), "nvidia-smi", detail="nvidia-smi: no devices")
+        first = (err or out).decode("utf-8", "replace").strip().splitlines()[:1]
+        raise ProbeError(f"{command[0]} exited with {proc.returncode}: "
+                         f"{_clip(first[0]) if first else 'no output'}")
+    devices = []
+    for line in filter(None, (raw.strip() for raw in text.splitlines())):
+        fields = [f.strip() for f in line.split(",")]
+        try:
+            if len(fields) != 3 or int(fields[0]) != len(devices):
+                raise ValueError("expected 'index, uuid, compute_cap'")
+            devices.append((fields[1], parse_capability(fields[2])))
+        except ValueError:
+            raise ProbeError(f"unexpected {command[0]} output line {_clip(line)!r}") from None
+    return NodeGpus.known(_select(visible, devices), "nvidia-smi",
+                          detail=_visible_detail(visible, len(devices)))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    try:
+        proc.communicate(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass  # a grandchild escaped the group; its pipe is dropped with proc
+
+
+def _visible_detail(visible: Optional[str], count: int) -> str:
+    scope = "all" if visible is None else f"CUDA_VISIBLE_DEVICES={_clip(visible)}"
+    return f"{count} device(s) on the node, {scope} visible"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ProbeCache:
+    """One probe per agent process, shared by every worker start on the node.
+
+    A successful result is kept for the life of the process (a node's GPUs do
+    not change under a running raylet); a failed one is retried after
+    ``retry_failed_after_s`` so a transient NVML error does not stick.
+    ``get_async`` runs the probe in a thread so a slow nvidia-smi never blocks
+    the agent's event loop, and concurrent callers share one probe.
+    """
+
+    def __init__(self, probe: Callable[[], NodeGpus] = probe_gpus,
+                 retry_failed_after_s: float = RETRY_FAILED_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._probe = probe
+        self._retry_after = retry_failed_after_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._result: Optional[NodeGpus] = None
+        self._taken_at = 0.0
+        self._inflight: Optional[asyncio.Future] = None
+        self.runs = 0
+
+    def _fresh(self) -> bool:
+        result = self._result
+        return result is not None and (
+            result.is_known or self._clock() - self._taken_at < self._retry_after)
+
+    def get(self) -> NodeGpus:
+        with self._lock:
+            if not self._fresh():
+                result = self._probe()
+                self._result = dataclasses.replace(
+                    result, probed_at=time.time(), probe_pid=os.getpid())
+                self._taken_at = self._clock()
+                self.runs += 1
+            return self._result
+
+    async def get_async(self) -> NodeGpus:
+        if self._fresh():
+            return self._result
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.get_running_loop().run_in_executor(None, self.get)
+        return await asyncio.shield(self._inflight)

@@ -1,0 +1,126 @@
+"""A local simulated mixed-GPU Ray cluster, for the demo and the tests.
+
+Each simulated node is a real raylet and runtime-env agent on this machine
+(``ray.cluster_utils.Cluster``) with its own environment: a fake GPU set in
+``RAY_MEGATRON_ENV_FAKE_GPUS``, the plugin registered or not, and anything
+else a real node's ``ray start`` environment would have. Each node carries a
+custom resource named after it so work can be pinned there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Optional, Tuple
+
+from .plugin import CLASS_PATH
+from .probe import FAKE_VARIABLE
+
+PLUGINS_VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
+REGISTRATION = json.dumps([{"class": CLASS_PATH}])
+
+
+@dataclass(frozen=True)
+class SimulatedNode:
+    name: str  # letters, digits and '_' only: it becomes a resource name
+    fake_gpus: str  # RAY_MEGATRON_ENV_FAKE_GPUS, e.g. "9.0,10.0" or "none"
+    env: Dict[str, str] = field(default_factory=dict)
+    plugin: bool = True  # whether this node's environment registers the plugin
+
+    @property
+    def resource(self) -> str:
+        return f"rme_{self.name}"
+
+    def environment(self) -> Dict[str, str]:
+        env = {FAKE_VARIABLE: self.fake_gpus, **self.env}
+        # An empty value is how Ray reads "no plugins": the node then
+        # ignores the field, exactly like a real node started without it.
+        env[PLUGINS_VARIABLE] = REGISTRATION if self.plugin else ""
+        return env
+
+
+MIXED_NODES: Tuple[SimulatedNode, ...] = (
+    SimulatedNode("cpu_head", "none"),
+    SimulatedNode("v100", "7.0"),
+    SimulatedNode("a100", "8.0"),
+    SimulatedNode("h100", "9.0,9.0"),
+    SimulatedNode("b200", "10.0"),
+    SimulatedNode("h100_b200", "9.0,10.0"),
+)
+
+
+class SimulatedCluster:
+    """Start with ``with SimulatedCluster(nodes) as cluster:``; the first node
+    is the head. Everything it starts, including its temp dir, is removed on
+    exit."""
+
+    def __init__(self, nodes: Iterable[SimulatedNode] = MIXED_NODES,
+                 object_store_mb: int = 80) -> None:
+        self.nodes = tuple(nodes)
+        self._object_store = object_store_mb * 1024 * 1024
+        self._cluster = None
+        self._tmpdir: Optional[str] = None
+        self._saved_tmpdir: Optional[str] = None
+        self.node_ids: Dict[str, str] = {}  # node name -> Ray node id (hex)
+
+    @property
+    def address(self) -> str:
+        return self._cluster.address
+
+    def start(self, connect: bool = True) -> "SimulatedCluster":
+        from ray.cluster_utils import Cluster
+
+        # Short path: Ray's unix sockets live under it (108-byte limit).
+        self._tmpdir = tempfile.mkdtemp(prefix="rme-", dir="/tmp")
+        os.makedirs(os.path.join(self._tmpdir, "ray"))
+        self._saved_tmpdir = os.environ.get("RAY_TMPDIR")
+        os.environ["RAY_TMPDIR"] = self._tmpdir
+        self._cluster = Cluster(shutdown_at_exit=True)
+        try:
+            for index, node in enumerate(self.nodes):
+                args = dict(num_cpus=1, resources={node.resource: 10_000},
+                            object_store_memory=self._object_store, env_vars=node.environment())
+                if index == 0:
+                    args.update(include_dashboard=False)
+                started = self._cluster.add_node(**args)
+                self.node_ids[node.name] = started.node_id
+            if connect:
+                self.connect()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def connect(self) -> None:
+        import ray
+
+        ray.init(address=self._cluster.address, log_to_driver=False)
+
+    def pin(self, name: str) -> Dict[str, float]:
+        """Actor/task options that place work on node ``name``."""
+        return {"num_cpus": 0, "resources": {f"rme_{name}": 1}}
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        if self._cluster is not None:
+            self._cluster.shutdown()
+            self._cluster = None
+        if self._saved_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = self._saved_tmpdir
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def __enter__(self) -> "SimulatedCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
