@@ -33,6 +33,11 @@ class ProbeError(Exception):
     """A probe backend could not tell what the GPUs are."""
 
 
+class VisibilityError(ProbeError):
+    """The node's CUDA_VISIBLE_DEVICES names GPUs the node does not have.
+    Another backend would read the same variable, so there is no fallback."""
+
+
 def probe_gpus(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
                smi_command: Sequence[str] = ("nvidia-smi",),
                smi_timeout_s: float = SMI_TIMEOUT_S) -> NodeGpus:
@@ -57,7 +62,7 @@ def _probe(environ, nvml, smi_command, smi_timeout_s) -> NodeGpus:
         try:
             return _from_nvml(visible, nvml)
         except ProbeError as exc:
-            if method == "nvml":
+            if method == "nvml" or isinstance(exc, VisibilityError):
                 return NodeGpus.unknown("nvml", str(exc))
             nvml_error = str(exc)
     try:
@@ -93,14 +98,15 @@ def _select(visible: Optional[str], devices: List[tuple],
     for entry in (e.strip() for e in visible.split(",")):
         if not entry:
             if visible.strip():
-                raise ProbeError(f"CUDA_VISIBLE_DEVICES={_clip(visible)!r} has an empty entry")
+                raise VisibilityError(
+                    f"CUDA_VISIBLE_DEVICES={_clip(visible)!r} has an empty entry")
             break
         if _INDEX.match(entry):
             index = int(entry)
             if index < 0:
                 break
             if index >= len(devices):
-                raise ProbeError(f"CUDA_VISIBLE_DEVICES names device {index}, but the node "
+                raise VisibilityError(f"CUDA_VISIBLE_DEVICES names device {index}, but the node "
                                  f"has {len(devices)} GPU(s)")
             chosen.append(devices[index][1])
             continue
@@ -108,7 +114,7 @@ def _select(visible: Optional[str], devices: List[tuple],
                    if uuid and uuid.startswith(entry)]
         if len(matches) != 1:
             problem = "no" if not matches else "more than one"
-            raise ProbeError(f"CUDA_VISIBLE_DEVICES entry {_clip(entry)!r} matches {problem} "
+            raise VisibilityError(f"CUDA_VISIBLE_DEVICES entry {_clip(entry)!r} matches {problem} "
                              "GPU UUID on the node")
         chosen.append(matches[0])
     return chosen
@@ -157,9 +163,9 @@ def _mig_devices(nvml: Any, handle: Any, capability: Capability) -> List[tuple]:
         for i in range(get_count(handle)):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                found.append((_text(nvml.nvmlDeviceGetUUID(mig)), capability))
             except nvml.NVMLError:
-                continue
-            found.append((_text(nvml.nvmlDeviceGetUUID(mig)), capability))
+                continue  # an empty MIG slot
     except nvml.NVMLError:
         return []  # MIG not supported or not enabled on this GPU
     return [(uuid, cap) for uuid, cap in found if uuid.startswith("MIG-")]

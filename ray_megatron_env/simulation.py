@@ -99,6 +99,10 @@ class SimulatedCluster:
 
         ray.init(address=self._cluster.address, log_to_driver=False)
 
+    def logs_dir(self) -> str:
+        """Where every simulated node writes its logs (they share a session)."""
+        return self._cluster.head_node.get_logs_dir_path()
+
     def pin(self, name: str) -> Dict[str, float]:
         """Actor/task options that place work on node ``name``."""
         return {"num_cpus": 0, "resources": {f"rme_{name}": 1}}

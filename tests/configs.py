@@ -1,0 +1,44 @@
+"""verl-shaped configs for the tests: the package's example plus overrides.
+
+``verl("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1")``
+gives a DictConfig the way Hydra overrides give one to verl's driver.
+"""
+
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+EXAMPLES = Path(__file__).parent.parent / "ray_megatron_env" / "examples"
+MEGATRON_YAML = EXAMPLES / "verl_megatron.yaml"
+FSDP_YAML = EXAMPLES / "verl_fsdp.yaml"
+
+ACTOR = "actor_rollout_ref.actor"
+ACTOR_TP = f"{ACTOR}.megatron.tensor_model_parallel_size"
+ACTOR_CP = f"{ACTOR}.megatron.context_parallel_size"
+
+
+def verl(*overrides: str, base: Path = MEGATRON_YAML):
+    """Hydra-style ``key=value`` overrides (a leading '+' adds a key)."""
+    config = OmegaConf.load(base)
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        OmegaConf.update(config, key, yaml.safe_load(value), merge=False, force_add=True)
+    return config
+
+
+def plain(*overrides: str, base: Path = MEGATRON_YAML) -> dict:
+    return OmegaConf.to_container(verl(*overrides, base=base), resolve=True)
+
+
+# Named scenarios used by several test modules: config -> engines in scope.
+MEGATRON_TP2 = ()
+MEGATRON_TP1 = (f"{ACTOR_TP}=1",)
+MEGATRON_CP2 = (f"{ACTOR_TP}=1", f"{ACTOR_CP}=2")
+MEGATRON_FSDP = (f"{ACTOR}.megatron.use_megatron_fsdp=true",
+                 "actor_rollout_ref.ref.megatron.use_megatron_fsdp=true")
+# Only the reference policy (or only the reward model) is Megatron with TP>1.
+REF_ONLY = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp", "actor_rollout_ref.ref.strategy=megatron")
+REWARD_MODEL_ONLY = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp",
+                     "reward_model.enable=true", "reward_model.strategy=megatron",
+                     "reward_model.megatron.tensor_model_parallel_size=4")

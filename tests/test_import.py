@@ -1,0 +1,51 @@
+"""The plugin module must load fast and alone in every node's agent."""
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "pynvml", "omegaconf", "yaml", "numpy")
+
+
+def _modules_after(statement: str) -> set:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+# What Ray's agent has loaded anyway before it imports a plugin.
+BASELINE = "import ray._private.runtime_env.plugin"
+
+
+def _added_by(statement: str) -> set:
+    return _modules_after(f"{BASELINE}; {statement}") - _modules_after(BASELINE)
+
+
+def test_importing_the_plugin_adds_only_its_own_two_modules():
+    added = _added_by("import ray_megatron_env.plugin")
+    assert {m for m in added if not m.startswith("__editable__")} == {
+        "ray_megatron_env", "ray_megatron_env.plugin"}
+
+
+def test_the_agent_side_loads_without_omegaconf_nvml_or_torch():
+    added = _added_by("import ray_megatron_env.agent")
+    assert {m for m in added if m.startswith("ray_megatron_env.")} >= {
+        "ray_megatron_env.agent", "ray_megatron_env.probe", "ray_megatron_env.policy"}
+    assert not {m.split(".")[0] for m in added} & set(HEAVY)
+
+
+def test_a_broken_install_fails_the_worker_not_the_import(tmp_path):
+    # Copy the plugin module alone: the rest of the package is "missing".
+    import shutil
+    import ray_megatron_env.plugin as plugin
+
+    package = tmp_path / "ray_megatron_env"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copy(plugin.__file__, package / "plugin.py")
+    code = ("import ray_megatron_env.plugin as p\n"
+            "try:\n    p.MegatronEnvPlugin.validate({'megatron_env': {}})\n"
+            "except p.BrokenInstallError as e:\n    print('BROKEN', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=True).stdout
+    assert out.startswith("BROKEN ray-megatron-env on this node cannot load")
+    assert "reinstall" in out

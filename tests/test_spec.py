@@ -1,0 +1,107 @@
+"""The compact form: parse, serialise, round trip, narrow."""
+
+import json
+
+import pytest
+
+from ray_megatron_env.errors import FieldTypeError, FieldValueError
+from ray_megatron_env.field import MAX_FIELD_BYTES, parse_field
+from ray_megatron_env.rules import FSDP, INFERENCE, MEGATRON
+from ray_megatron_env.spec import Engine, Spec
+
+COMPACT = {
+    "version": 1,
+    "engines": {
+        "policy": {"strategy": "megatron", "tensor_parallel": 4, "context_parallel": 2,
+                   "moe_overlap": True},
+        "value": {"strategy": "my_fsdp", "kind": "fsdp"},
+        "generator": {"strategy": "sglang"},
+    },
+}
+
+
+def test_compact_form_parses_with_any_role_names():
+    engines = dict(parse_field(COMPACT).engines)
+    assert engines["policy"] == Engine("megatron", MEGATRON, 4, 2, moe_overlap=True)
+    assert engines["value"].kind == FSDP and engines["value"].declared
+    assert engines["generator"].kind == INFERENCE
+
+
+def test_compact_form_round_trips_exactly():
+    spec = parse_field(COMPACT)
+    assert parse_field(json.loads(json.dumps(spec.to_field()))) == spec
+    assert spec.to_field()["engines"]["value"] == {"strategy": "my_fsdp", "kind": "fsdp"}
+
+
+def test_defaults_are_left_out_and_non_megatron_settings_dropped():
+    spec = parse_field({"engines": {"a": {"strategy": "megatron", "tensor_parallel": 1},
+                                    "b": {"strategy": "fsdp", "tensor_parallel": 8}}})
+    assert spec.to_field() == {"version": 1, "engines": {"a": {"strategy": "megatron"},
+                                                         "b": {"strategy": "fsdp"}}}
+
+
+def test_version_is_optional_but_a_newer_one_is_refused_with_advice():
+    assert parse_field({"engines": {}}) == Spec()
+    with pytest.raises(FieldValueError, match="version 2 is not supported.*same ray-megatron-env"):
+        parse_field({"version": 2, "engines": {}})
+
+
+@pytest.mark.parametrize("value,error,words", [
+    ({"engines": {"a": {"strategy": "megatron", "env_vars": {"LD_PRELOAD": "x"}}}},
+     FieldValueError, ["'env_vars'", "engines.a"]),
+    ({"engines": {}, "LD_PRELOAD": "/tmp/x.so"}, FieldValueError, ["'LD_PRELOAD'"]),
+    ({"engines": {"a": {"strategy": "mystery"}}}, FieldValueError, ["'mystery'", "kind"]),
+    ({"engines": {"a": {"strategy": "mystery", "kind": "gpu"}}}, FieldValueError, ["'gpu'"]),
+    ({"engines": {"a": {"strategy": "megatron", "kind": "fsdp"}}}, FieldValueError, ["declared"]),
+    ({"engines": {"a": {}}}, FieldValueError, ["engines.a.strategy is missing"]),
+    ({"engines": {"a": "megatron"}}, FieldTypeError, ["engines.a"]),
+    ({"engines": ["megatron"]}, FieldTypeError, ["engines"]),
+    ({"engines": {"$HOME": {"strategy": "fsdp"}}}, FieldValueError, ["not a valid name"]),
+    ({"engines": {"a": {"strategy": "megatron", "tensor_parallel": "2"}}}, FieldTypeError,
+     ["engines.a.tensor_parallel"]),
+    ({"engines": {"a": {"strategy": "megatron", "megatron_fsdp": 1}}}, FieldTypeError,
+     ["engines.a.megatron_fsdp", "true or false"]),
+    ({"version": "1", "engines": {}}, FieldTypeError, ["version"]),
+    ({"engines": {f"r{i}": {"strategy": "fsdp"} for i in range(65)}}, FieldValueError, ["at most 64"]),
+])
+def test_bad_compact_values(value, error, words):
+    with pytest.raises(error) as info:
+        parse_field(value)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize("value,error,words", [
+    ("megatron", FieldTypeError, ["the field must be a mapping"]),
+    ([{"engines": {}}], FieldTypeError, ["mapping"]),
+    ({"trainer": {"nnodes": 1}}, FieldValueError, ["neither", "trainer"]),
+    ({"engines": {}, "x": {1, 2}}, FieldTypeError, ["JSON"]),
+    ({"engines": {}, "x": float("nan")}, FieldValueError, ["JSON"]),
+    ({"critic": {"strategy": "fsdp", "pad": "x" * MAX_FIELD_BYTES}}, FieldValueError, ["limit"]),
+])
+def test_bad_field_values(value, error, words):
+    with pytest.raises(error) as info:
+        parse_field(value)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_deeply_nested_value_is_a_clear_error_not_a_crash():
+    deep = {}
+    node = deep
+    for _ in range(100_000):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(FieldValueError, match="nested too deeply"):
+        parse_field({"critic": {"strategy": "fsdp"}, "deep": deep})
+
+
+def test_narrow_keeps_only_the_roles_asked_for():
+    spec = parse_field(COMPACT)
+    assert spec.narrow("value").roles() == ("value",)
+    assert spec.narrow(["policy", "generator"]).roles() == ("generator", "policy")
+    assert spec.narrow(None) is spec
+    with pytest.raises(FieldValueError, match="unknown role 'critic'"):
+        spec.narrow("critic")
+    with pytest.raises(FieldValueError, match="at least one"):
+        spec.narrow([])
