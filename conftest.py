@@ -77,14 +77,24 @@ def cluster(cluster_pool, request) -> SimulatedCluster:
     return cluster_pool.get(getattr(request.module, "CLUSTER", "standard"))
 
 
+@pytest.fixture(scope="module")
+def no_cluster(cluster_pool) -> None:
+    """For tests that start a cluster of their own (the demo): none running."""
+    cluster_pool.close()
+
+
 def pytest_collection_modifyitems(config, items):
     # Pure tests first, then cluster tests grouped by node set, so each set
     # starts once per session.
-    def key(item):
-        uses_cluster = "cluster" in getattr(item, "fixturenames", ())
-        return (uses_cluster, getattr(item.module, "CLUSTER", "standard") if uses_cluster else "")
+    def group(item):
+        names = getattr(item, "fixturenames", ())
+        if "no_cluster" in names:
+            return "~own"  # after every shared cluster
+        if "cluster" in names:
+            return getattr(item.module, "CLUSTER", "standard")
+        return ""
 
-    items.sort(key=key)
+    items.sort(key=lambda item: (group(item) != "", group(item)))
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        if group(item):
             item.add_marker(pytest.mark.cluster)

@@ -33,6 +33,7 @@ class Decision:
     engines: Dict[str, str] = field(default_factory=dict)  # role -> engine
     rules: Dict[str, str] = field(default_factory=dict)  # role -> rule id
     conflict: bool = False
+    satisfied: bool = True  # the value meets the requirement (False: an explicit override)
     warnings: Tuple[str, ...] = ()
     node_value: Optional[str] = None  # inherited from the node's environment
     probe: Dict[str, Any] = field(default_factory=dict)
@@ -88,6 +89,7 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
         engines={f.role: f.engine.describe() for f in verdict.findings},
         rules={f.role: f.rule.id for f in verdict.findings},
         conflict=verdict.conflict,
+        satisfied=verdict.requirement.allows(_parse_inherited(value)),
         warnings=tuple(warnings),
         node_value=inherited,
         probe={"method": gpus.method, "error": gpus.error, "detail": gpus.detail,

@@ -14,8 +14,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .field import explicit_value, parse_field
+from .rules import VARIABLE
 from .spec import FIELD, Roles, Spec, fail_type
 from .verl import PATHS, ROLES, looks_like_verl
+
+# Where a verl user sets their own worker env vars (merged by verl's driver
+# over its defaults): a value for the variable there is deliberate.
+USER_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 ConfigLike = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
@@ -23,19 +28,30 @@ _ABSENT = object()
 
 
 def build_runtime_env(config: ConfigLike, *, role: Roles = None,
-                      base: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                      base: Optional[Mapping[str, Any]] = None,
+                      take_over: bool = False) -> Dict[str, Any]:
     """A new runtime env: ``base`` (copied, never modified) plus the field.
 
     ``config`` is a verl-layout config (``DictConfig``, dict, or the path of
     a YAML file) or the compact form. ``role`` (a role name or several)
     narrows the decision to those engines, for per-role runtime envs.
+
+    ``take_over=True`` says that a CUDA_DEVICE_MAX_CONNECTIONS in ``base``'s
+    ``env_vars`` is a framework's hard-coded default (verl's "1"): it is
+    removed so that each node decides. A value the user set in the config
+    itself (verl: ``ray_kwargs.ray_init.runtime_env.env_vars``) is their
+    intent and stays, as an explicit value.
+
     Raises ``TypeError``/``ValueError`` (``MegatronEnvError``) naming the bad
     key before anything is scheduled.
     """
-    spec, known_roles = load_spec(config)
+    plain = to_plain(config)
+    spec = parse_field(plain).narrow(role, ROLES if looks_like_verl(plain) else ())
     env = plain_runtime_env(base)
+    if take_over:
+        _take_over(env, plain)
     explicit_value(env.get("env_vars"))
-    env[FIELD] = spec.narrow(role, known_roles).to_field()
+    env[FIELD] = spec.to_field()
     return env
 
 
@@ -46,16 +62,32 @@ def load_spec(config: ConfigLike) -> Tuple[Spec, Tuple[str, ...]]:
     return spec, (ROLES if looks_like_verl(plain) else ())
 
 
+def _take_over(env: Dict[str, Any], plain: Mapping[str, Any]) -> None:
+    env_vars = env.get("env_vars")
+    if isinstance(env_vars, dict):
+        env_vars.pop(VARIABLE, None)
+    node: Any = plain
+    for part in (*USER_ENV_VARS.split("."), VARIABLE):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if node is not None:
+        env.setdefault("env_vars", {})[VARIABLE] = node
+
+
 def plain_runtime_env(base: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     if base is None:
         return {}
-    if _is_omegaconf(base):
-        from omegaconf import OmegaConf
-
-        base = OmegaConf.to_container(base, resolve=True)
     if not isinstance(base, Mapping):
         raise fail_type("base", "a runtime env mapping", base)
-    return copy.deepcopy(dict(base))
+    return {key: _to_container(value) for key, value in base.items()}
+
+
+def _to_container(value: Any) -> Any:
+    """A deep, plain copy (Ray cannot serialise OmegaConf containers)."""
+    if _is_omegaconf(value):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return copy.deepcopy(value)
 
 
 def to_plain(config: ConfigLike) -> Mapping[str, Any]:
@@ -97,7 +129,7 @@ def _pluck(config: Any) -> Mapping[str, Any]:
     if "engines" in config or "version" in config:  # the compact form, written in YAML
         return _resolve(config, "", OmegaConf)
     out: Dict[str, Any] = {}
-    for path in PATHS:
+    for path in (*PATHS, f"{USER_ENV_VARS}.{VARIABLE}"):
         parts = path.split(".")
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])

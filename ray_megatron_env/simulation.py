@@ -97,7 +97,7 @@ class SimulatedCluster:
     def connect(self) -> None:
         import ray
 
-        ray.init(address=self._cluster.address, log_to_driver=False)
+        ray.init(address=self._cluster.address, log_to_driver=False, logging_level="WARNING")
 
     def logs_dir(self) -> str:
         """Where every simulated node writes its logs (they share a session)."""

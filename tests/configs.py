@@ -6,10 +6,9 @@ gives a DictConfig the way Hydra overrides give one to verl's driver.
 
 from pathlib import Path
 
-import yaml
 from omegaconf import OmegaConf
 
-EXAMPLES = Path(__file__).parent.parent / "ray_megatron_env" / "examples"
+from ray_megatron_env.demo import EXAMPLES, load_example
 MEGATRON_YAML = EXAMPLES / "verl_megatron.yaml"
 FSDP_YAML = EXAMPLES / "verl_fsdp.yaml"
 
@@ -20,11 +19,7 @@ ACTOR_CP = f"{ACTOR}.megatron.context_parallel_size"
 
 def verl(*overrides: str, base: Path = MEGATRON_YAML):
     """Hydra-style ``key=value`` overrides (a leading '+' adds a key)."""
-    config = OmegaConf.load(base)
-    for override in overrides:
-        key, _, value = override.lstrip("+").partition("=")
-        OmegaConf.update(config, key, yaml.safe_load(value), merge=False, force_add=True)
-    return config
+    return load_example(base, *overrides)
 
 
 def plain(*overrides: str, base: Path = MEGATRON_YAML) -> dict:

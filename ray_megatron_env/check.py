@@ -1,0 +1,132 @@
+"""Preflight on a live cluster: what every node will give a worker, and why.
+
+A node whose ``ray start`` lacked ``RAY_RUNTIME_ENV_PLUGINS`` ignores the
+``megatron_env`` field with one WARNING in its own log; Megatron then
+asserts hours later. ``check_cluster`` starts one short-lived actor on every
+alive node with the field and reads back what its worker actually got, so a
+missing registration is observed, not assumed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from .decision import DECISION_VARIABLE, Decision
+from .rules import VARIABLE
+from .runtime_env import ConfigLike, build_runtime_env
+from .spec import FIELD, Roles, Spec
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What one node gave a worker started with the field."""
+
+    node_id: str  # Ray node id, hex
+    ip: str
+    registered: bool  # the node's agent has the plugin (the worker got a decision)
+    value: Optional[str]  # the worker's CUDA_DEVICE_MAX_CONNECTIONS; None: unset
+    decision: Optional[Decision] = None
+    error: Optional[str] = None  # the probe actor could not start or answer
+    label: Optional[str] = None  # a human name, where the caller has one
+
+    @property
+    def ok(self) -> bool:
+        """Registered, answered, and not breaking a hard requirement."""
+        return (self.error is None and self.registered and self.decision is not None
+                and self.decision.satisfied)
+
+    def problem(self) -> Optional[str]:
+        if self.error is not None:
+            return self.error
+        if not self.registered:
+            return ("the plugin is not registered on this node: the field was ignored; "
+                    "restart Ray there with RAY_RUNTIME_ENV_PLUGINS (ray-megatron-env register)")
+        if not self.decision.satisfied:
+            return "; ".join(self.decision.warnings) or "the value breaks the requirement"
+        return None
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["decision"] = self.decision.to_dict() if self.decision else None
+        out["ok"] = self.ok
+        out["problem"] = self.problem()
+        return out
+
+
+class _WorkerView:
+    """The probe: reports the environment its worker was started with."""
+
+    def view(self) -> Tuple[Optional[str], Optional[str]]:
+        return os.environ.get(VARIABLE), os.environ.get(DECISION_VARIABLE)
+
+
+def alive_nodes() -> List[Tuple[str, str]]:
+    import ray
+
+    return [(n["NodeID"], n["NodeManagerAddress"]) for n in ray.nodes() if n["Alive"]]
+
+
+def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
+            timeout_s: float = DEFAULT_TIMEOUT_S,
+            labels: Optional[Dict[str, str]] = None) -> List[NodeReport]:
+    """Start one actor per node with ``runtime_env`` and report what it got.
+
+    Needs a connected driver (``ray.init``). Actors ask for no resources and
+    are pinned by node id, so nodes with and without GPUs (or CPUs) are all
+    reached; each is killed as soon as it has answered.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_restarts=0)(_WorkerView)
+    nodes = list(nodes)
+    actors = [remote.options(
+        runtime_env=runtime_env,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote() for node_id, _ in nodes]
+    pending = {actor.view.remote(): i for i, actor in enumerate(actors)}
+    answers: Dict[int, Any] = {}
+    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+    for ref in ready:
+        try:
+            answers[pending[ref]] = ray.get(ref)
+        except Exception as exc:  # RuntimeEnvSetupError, actor death: report it
+            answers[pending[ref]] = exc
+    for actor in actors:
+        ray.kill(actor)
+    labels = labels or {}
+    return [_report(node_id, ip, answers.get(i), timeout_s, labels.get(node_id))
+            for i, (node_id, ip) in enumerate(nodes)]
+
+
+def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
+            label: Optional[str]) -> NodeReport:
+    if answer is None:
+        return NodeReport(node_id, ip, False, None, label=label,
+                          error=f"no answer within {timeout_s:g} s (node busy or dead?)")
+    if isinstance(answer, Exception):
+        lines = [line for line in str(answer).strip().splitlines() if line.strip()]
+        return NodeReport(node_id, ip, False, None, label=label,
+                          error=f"{type(answer).__name__}: {lines[-1] if lines else ''}")
+    value, decision = answer
+    return NodeReport(node_id, ip, decision is not None, value,
+                      Decision.from_json(decision) if decision else None, label=label)
+
+
+def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
+                  address: Optional[str] = None,
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> List[NodeReport]:
+    """Preflight every alive node; connects to ``address`` unless Ray is
+    already initialised. Without a config, the field names no engine, which
+    still shows each node's GPUs, registration and inherited value."""
+    import ray
+
+    runtime_env = (build_runtime_env(config, role=role) if config is not None
+                   else {FIELD: Spec().to_field()})
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", log_to_driver=False, logging_level="WARNING")
+    return observe(alive_nodes(), runtime_env, timeout_s)

@@ -1,0 +1,252 @@
+"""``ray-megatron-env``: demo, check, explain, register, runtime-env.
+
+Exit codes: 0 success; 1 ``check --strict`` found a problem; 2 bad usage
+or a bad config (the message names the key); 3 the cluster is unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+from typing import Any, Iterable, List, Optional, Sequence
+
+from .errors import MegatronEnvError
+
+OK, PROBLEM, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
+
+
+def _roles(values: Optional[List[str]]) -> Any:
+    """--role actor --role ref, or --role actor,ref -> None | str | list."""
+    if not values:
+        return None
+    roles = [r.strip() for value in values for r in value.split(",") if r.strip()]
+    return roles[0] if len(roles) == 1 else roles
+
+
+def _shown(value: Optional[str]) -> str:
+    return "unset" if value is None else value
+
+
+def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
+    """A table per node; the reason (and any problem) on the lines below."""
+    head = (["NODE"] if labelled else []) + ["NODE ID", "IP", "PLUGIN", "GPUS", "VALUE", "SOURCE"]
+    rows, notes = [], []
+    for r in reports:
+        d = r.decision
+        gpus = "?" if d is None else ("unknown" if d.gpus is None else ",".join(d.gpus) or "none")
+        rows.append(([r.label or "-"] if labelled else []) + [
+            r.node_id, r.ip, "yes" if r.registered else "NO", gpus,
+            _shown(r.value), d.source if d else "-"])
+        lines = [d.reason] if d else []
+        lines += [f"warning: {w}" for w in (d.warnings if d else ())]
+        if r.problem() and (d is None or not d.satisfied):
+            lines.append(f"PROBLEM: {r.problem()}")
+        notes.append(lines)
+    widths = [max(len(str(row[i])) for row in [head] + rows) for i in range(len(head))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    for row, lines in zip(rows, notes):
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        for line in lines:
+            out.extend(textwrap.wrap(line, 100, initial_indent="    ", subsequent_indent="      ",
+                                     break_on_hyphens=False))
+    return "\n".join(out)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    from .simulation import MIXED_NODES
+
+    nodes = ", ".join(f"{n.name} ({n.fake_gpus})" for n in MIXED_NODES)
+    print(f"Starting a local simulated Ray cluster with the plugin registered on every node: "
+          f"{nodes} ...", file=sys.stderr)
+    results = run_demo(args.config, roles=[_roles(args.role)])
+    if args.json:
+        print(json.dumps([{"scenario": r.title, "role": r.role,
+                           "nodes": [n.to_dict() for n in r.reports]} for r in results], indent=2))
+        return OK
+    for result in results:
+        scope = f" [role: {result.role}]" if result.role else ""
+        print(f"\n== {result.title}{scope}")
+        print(format_reports(result.reports, labelled=True))
+    print("\nEach node decided for its own GPUs at worker start-up; the simulated cluster is "
+          "shut down.")
+    return OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import ray
+
+    from .check import check_cluster
+
+    try:
+        reports = check_cluster(args.config, role=_roles(args.role), address=args.address,
+                                timeout_s=args.timeout)
+    except ConnectionError as exc:
+        print(f"ray-megatron-env check: cannot reach the cluster: {exc}", file=sys.stderr)
+        return UNREACHABLE
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        print(format_reports(reports))
+        bad = [r for r in reports if not r.ok]
+        print(f"\n{len(reports)} node(s) checked, {len(bad)} with a problem.")
+        for r in bad:
+            print(f"  {r.node_id} ({r.ip}): {r.problem()}")
+    return PROBLEM if args.strict and any(not r.ok for r in reports) else OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import explain
+    from .rules import RULES
+
+    decision = explain(args.config, args.gpus, role=_roles(args.role),
+                       explicit=args.explicit, node_value=args.node_value)
+    if args.json:
+        print(json.dumps(decision.to_dict(), indent=2))
+        return OK
+    print(f"CUDA_DEVICE_MAX_CONNECTIONS: {_shown(decision.value)}  "
+          f"(source: {decision.source}; requirement: {decision.requirement})")
+    print(textwrap.fill(f"reason: {decision.reason}", 100, subsequent_indent="  ",
+                        break_on_hyphens=False))
+    by_id = {rule.id: rule for rule in RULES}
+    if decision.engines:
+        print("engines and the rules that decided them:")
+    for role, engine in decision.engines.items():
+        rule = by_id[decision.rules[role]]
+        print(f"  {role}: {engine} -> {rule.id} ({rule.requirement.label}): {rule.why}")
+        print(f"      source: {rule.source}")
+    for warning in decision.warnings:
+        print(f"warning: {warning}")
+    return OK
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from .register import VARIABLE, merged_plugins, render
+
+    plugins = merged_plugins(os.environ.get(VARIABLE), args.priority)
+    print(render(plugins, args.format))
+    return OK
+
+
+def cmd_runtime_env(args: argparse.Namespace) -> int:
+    from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
+    from .runtime_env import build_runtime_env
+
+    base = None
+    if args.base:
+        from omegaconf import OmegaConf
+
+        base = OmegaConf.to_container(OmegaConf.load(args.base), resolve=True)
+    env = build_runtime_env(args.config, role=_roles(args.role), base=base,
+                            take_over=args.take_over)
+    if args.take_over:
+        # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
+        # value in ray.init; the hook takes that over too.
+        env_vars = env.setdefault("env_vars", {})
+        existing = env_vars.get("RAY_RUNTIME_ENV_HOOK")
+        if existing and existing != HOOK_PATH:
+            env_vars[NEXT_HOOK_VARIABLE] = existing
+        env_vars["RAY_RUNTIME_ENV_HOOK"] = HOOK_PATH
+        env_vars[TAKE_OVER_VARIABLE] = "1"
+    if args.json:
+        print(json.dumps(env))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(env, sort_keys=False).rstrip())
+    return OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ray-megatron-env",
+        description="The right CUDA_DEVICE_MAX_CONNECTIONS on every node of a Ray cluster.",
+        epilog="Exit codes: 0 ok; 1 check --strict found a problem; 2 bad usage or config; "
+               "3 cluster unreachable.")
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__import__('ray_megatron_env').__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def role_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--role", action="append", metavar="ROLE",
+                       help="narrow to a role's engine (actor, ref, critic, reward_model, "
+                            "rollout); repeat or comma-separate for several")
+
+    demo = verbs.add_parser("demo", help="run the decision on a local simulated mixed-GPU cluster",
+                            description="Start a local simulated cluster (no GPU, V100, A100, "
+                                        "2xH100, B200, H100+B200), start an actor per node "
+                                        "for each example config, print what each got and why.")
+    demo.add_argument("--config", help="your config (verl YAML or compact form) instead of the "
+                                       "examples")
+    role_option(demo)
+    demo.add_argument("--json", action="store_true", help="machine-readable output")
+    demo.set_defaults(run=cmd_demo)
+
+    check = verbs.add_parser("check", help="preflight every node of a live cluster",
+                             description="Start a short-lived actor with the megatron_env field "
+                                         "on every alive node and report what it got.")
+    check.add_argument("--address", help="cluster address (default: auto, RAY_ADDRESS)")
+    check.add_argument("--config", help="training config (verl YAML or compact form); "
+                                        "without it only GPUs and registration are checked")
+    role_option(check)
+    check.add_argument("--strict", action="store_true",
+                       help="exit 1 if any node lacks the plugin, fails, or breaks a hard "
+                            "requirement")
+    check.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
+    check.add_argument("--json", action="store_true", help="a JSON array, one object per node")
+    check.set_defaults(run=cmd_check)
+
+    explain = verbs.add_parser("explain", help="what a config gives on given GPUs (offline)",
+                               description="Decide offline, without a cluster, exactly as a node "
+                                           "with these GPUs would.")
+    explain.add_argument("config", help="training config (verl YAML or compact form)")
+    explain.add_argument("--gpus", required=True,
+                         help="compute capabilities, e.g. 9.0 or 9.0,9.0,10.0; 'none' for no GPU")
+    role_option(explain)
+    explain.add_argument("--explicit", metavar="N", help="an env_vars value in the runtime env")
+    explain.add_argument("--node-value", metavar="N",
+                         help="a value inherited from the node's environment")
+    explain.add_argument("--json", action="store_true", help="one JSON object")
+    explain.set_defaults(run=cmd_explain)
+
+    register = verbs.add_parser("register", help="print the RAY_RUNTIME_ENV_PLUGINS value",
+                                description="Print RAY_RUNTIME_ENV_PLUGINS with this plugin, "
+                                            "merged with the plugins already in the environment.")
+    register.add_argument("--priority", type=int, help="plugin priority 0..100 "
+                                                       "(default: the class's, 90)")
+    register.add_argument("--format", choices=("shell", "json", "kuberay"), default="shell")
+    register.set_defaults(run=cmd_register)
+
+    runtime_env = verbs.add_parser(
+        "runtime-env", help="print a runtime env for `ray job submit --runtime-env`",
+        description="Print a job runtime env (YAML, or JSON for --runtime-env-json) with the "
+                    "compact megatron_env field.")
+    runtime_env.add_argument("config", help="training config (verl YAML or compact form)")
+    role_option(runtime_env)
+    runtime_env.add_argument("--base", help="a runtime env YAML to start from, e.g. "
+                                            "verl/trainer/runtime_env.yaml")
+    runtime_env.add_argument("--take-over", action="store_true",
+                             help="remove a hard-coded CUDA_DEVICE_MAX_CONNECTIONS (from --base "
+                                  "and, through the driver hook, from the job's driver)")
+    runtime_env.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    runtime_env.set_defaults(run=cmd_runtime_env)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except MegatronEnvError as exc:
+        print(f"ray-megatron-env {args.verb}: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Offline: what a config gives on a given GPU set, without any cluster.
+
+The same parser, policy and precedence as the plugin, with the GPUs given
+instead of probed, so ``explain`` and a node with those GPUs agree.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from .decision import Decision, decide
+from .errors import FieldValueError
+from .field import explicit_value
+from .gpus import NodeGpus, parse_capability
+from .runtime_env import ConfigLike, load_spec
+from .spec import FIELD, Roles
+
+
+def parse_gpu_list(gpus: Union[str, Sequence[str]]) -> NodeGpus:
+    """'9.0,9.0,10.0' (or a list of such) -> NodeGpus; 'none' or '' -> no GPU."""
+    items = gpus.split(",") if isinstance(gpus, str) else list(gpus)
+    items = [item.strip() for item in items if item.strip()]
+    if [item.lower() for item in items] in ([], ["none"]):
+        return NodeGpus.known((), "given")
+    try:
+        return NodeGpus.known([parse_capability(item) for item in items], "given")
+    except ValueError as exc:
+        raise FieldValueError(f"{FIELD}: --gpus: {exc}") from None
+
+
+def explain(config: ConfigLike, gpus: Union[str, Sequence[str]], *, role: Roles = None,
+            explicit: Optional[str] = None, node_value: Optional[str] = None) -> Decision:
+    """The decision a node with ``gpus`` would make for ``config``.
+
+    ``explicit`` is an ``env_vars`` value in the runtime env; ``node_value``
+    one inherited from the node's environment.
+    """
+    spec, known_roles = load_spec(config)
+    env_vars = {"CUDA_DEVICE_MAX_CONNECTIONS": explicit} if explicit is not None else None
+    return decide(spec.narrow(role, known_roles), parse_gpu_list(gpus),
+                  explicit=explicit_value(env_vars), inherited=node_value)

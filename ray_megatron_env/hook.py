@@ -1,0 +1,59 @@
+"""A ``RAY_RUNTIME_ENV_HOOK`` for drivers: validate and compact on ``ray.init``.
+
+Set ``RAY_RUNTIME_ENV_HOOK=ray_megatron_env.hook.runtime_env_hook`` in the
+driver's environment and ``ray.init(runtime_env={"megatron_env": cfg})``
+works with an OmegaConf ``DictConfig`` (or a YAML path, or a raw dict): the
+hook turns the field into the compact form and validates it before any node
+is touched. Ray calls the hook only from ``ray.init`` (the job's runtime
+env), on the merged env in a submitted job.
+
+``RAY_MEGATRON_ENV_TAKE_OVER=1`` additionally removes a hard-coded
+CUDA_DEVICE_MAX_CONNECTIONS from the job's ``env_vars`` (see
+``build_runtime_env(take_over=True)``), which is how a verl driver that
+hard-codes "1" hands the decision to each node without being edited.
+Without a ``megatron_env`` field there is nothing to decide from, so the
+hook then changes nothing and says so: removing the value blindly would
+take Megatron's required 1 away.
+
+Another hook already in use goes in ``RAY_MEGATRON_ENV_NEXT_HOOK``; it runs
+after this one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any, Dict, Optional
+
+from .rules import VARIABLE
+from .spec import FIELD
+
+HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
+TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"
+NEXT_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
+
+logger = logging.getLogger(__name__)
+
+
+def take_over_requested(environ=os.environ) -> bool:
+    return environ.get(TAKE_OVER_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    from .runtime_env import build_runtime_env
+
+    take_over = take_over_requested()
+    if runtime_env and runtime_env.get(FIELD) is not None:
+        base = {key: value for key, value in runtime_env.items() if key != FIELD}
+        runtime_env = build_runtime_env(runtime_env[FIELD], base=base, take_over=take_over)
+    elif take_over and VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
+        logger.warning(
+            "%s=1 but the job's runtime env has no %s field: keeping the explicit %s=%s for "
+            "every worker, since without the training config nothing can be decided per node",
+            TAKE_OVER_VARIABLE, FIELD, VARIABLE, runtime_env["env_vars"][VARIABLE])
+    next_hook = os.environ.get(NEXT_HOOK_VARIABLE)
+    if next_hook:
+        module, _, name = next_hook.rpartition(".")
+        runtime_env = getattr(importlib.import_module(module), name)(runtime_env)
+    return runtime_env

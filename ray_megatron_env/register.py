@@ -1,0 +1,55 @@
+"""The RAY_RUNTIME_ENV_PLUGINS value that registers this plugin on a node.
+
+Merged with what the environment already has: another plugin is never
+dropped, and this one is never listed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any, Dict, List, Optional
+
+from .errors import FieldValueError
+from .plugin import CLASS_PATH, MegatronEnvPlugin
+
+VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
+FORMATS = ("shell", "json", "kuberay")
+
+
+def merged_plugins(existing: Optional[str], priority: Optional[int] = None) -> List[Dict[str, Any]]:
+    """The plugin list with this plugin in it exactly once, others untouched."""
+    plugins: List[Any] = []
+    if existing and existing.strip():
+        try:
+            plugins = json.loads(existing)
+        except ValueError as exc:
+            raise FieldValueError(f"the current {VARIABLE} is not JSON ({exc}); fix or "
+                                  "unset it first, so no plugin in it is lost") from None
+        if not isinstance(plugins, list):
+            raise FieldValueError(f"the current {VARIABLE} is not a JSON list: {existing!r}")
+    if priority is not None and not 0 <= priority <= 100:
+        raise FieldValueError(f"--priority must be from 0 to 100 (Ray's range), got {priority}")
+    ours: Dict[str, Any] = {"class": CLASS_PATH}
+    if priority is not None:
+        ours["priority"] = priority
+    others = [p for p in plugins if not (isinstance(p, dict) and p.get("class") == CLASS_PATH)]
+    return others + [ours]
+
+
+def render(plugins: List[Dict[str, Any]], fmt: str) -> str:
+    value = json.dumps(plugins)
+    if fmt == "json":
+        return value
+    if fmt == "shell":
+        return f"export {VARIABLE}={shlex.quote(value)}"
+    if fmt == "kuberay":
+        # JSON is valid YAML: a quoted scalar survives any indentation.
+        return "\n".join([
+            f"# Add to the container env of headGroupSpec and of every workerGroupSpecs entry",
+            f"# (plugin: {CLASS_PATH}, default priority {MegatronEnvPlugin.priority}).",
+            "env:",
+            f"  - name: {VARIABLE}",
+            f"    value: {json.dumps(value)}",
+        ])
+    raise FieldValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

@@ -1,0 +1,186 @@
+"""The command line, offline verbs: explain, register, runtime-env, help."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from configs import FSDP_YAML, MEGATRON_YAML
+from ray_megatron_env import build_runtime_env
+from ray_megatron_env.cli import BAD_INPUT, OK, main
+from ray_megatron_env.explain import explain
+from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
+
+PLUGIN = {"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("verb", ["demo", "check", "explain", "register", "runtime-env"])
+def test_every_verb_has_help(capsys, verb):
+    with pytest.raises(SystemExit) as info:
+        main([verb, "--help"])
+    assert info.value.code == 0
+    assert f"usage: ray-megatron-env {verb}" in capsys.readouterr().out
+
+
+def test_console_script_and_module_entry_point():
+    script = str(Path(sys.executable).parent / "ray-megatron-env")  # installed with the package
+    for command in ([script], [sys.executable, "-m", "ray_megatron_env"]):
+        out = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True)
+        assert out.stdout.startswith("ray-megatron-env 0.")
+
+
+def test_explain_prints_value_reason_and_rules(capsys):
+    code, out, _ = run(capsys, "explain", MEGATRON_YAML, "--gpus", "8.0", "--role", "actor")
+    assert code == OK
+    assert out.startswith("CUDA_DEVICE_MAX_CONNECTIONS: 1  (source: policy; requirement: 1)")
+    assert "actor: megatron TP=2 CP=1 -> megatron-model-parallel (1)" in out
+    assert "source: Megatron-LM arguments.py" in out
+
+
+@pytest.mark.parametrize("gpus,value", [("9.0,9.0", "1"), ("10.0", None), ("none", None),
+                                        ("10.0,8.0", "1")])
+def test_explain_json_is_one_object(capsys, gpus, value):
+    code, out, _ = run(capsys, "explain", MEGATRON_YAML, "--gpus", gpus, "--role", "actor,ref",
+                       "--json")
+    data = json.loads(out)
+    assert code == OK and data["value"] == value and data["reason"]
+    assert sorted(data["engines"]) == ["actor", "ref"]
+
+
+def test_explain_matches_the_python_api(capsys):
+    _, out, _ = run(capsys, "explain", FSDP_YAML, "--gpus", "9.0", "--node-value", "1", "--json")
+    assert json.loads(out) == explain(FSDP_YAML, "9.0", node_value="1").to_dict()
+    assert json.loads(out)["value"] == "8"
+
+
+def test_explain_explicit_value(capsys):
+    _, out, _ = run(capsys, "explain", FSDP_YAML, "--gpus", "9.0", "--explicit", "1", "--json")
+    data = json.loads(out)
+    assert (data["value"], data["source"], data["satisfied"]) == ("1", "explicit", False)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["explain", "/no/such.yaml", "--gpus", "9.0"], ["does not exist"]),
+    (["explain", MEGATRON_YAML, "--gpus", "9.x"], ["--gpus", "9.x"]),
+    (["explain", MEGATRON_YAML, "--gpus", "9.0", "--role", "judge"], ["unknown role 'judge'"]),
+    (["explain", MEGATRON_YAML, "--gpus", "9.0", "--explicit", "0"], ["1 to 32"]),
+    (["runtime-env", "/no/such.yaml"], ["does not exist"]),
+])
+def test_bad_input_exits_2_with_the_helpers_message(capsys, argv, words):
+    code, out, err = run(capsys, *argv)
+    assert code == BAD_INPUT and out == ""
+    for word in words:
+        assert word in err
+
+
+def test_explain_bad_config_message_is_the_driver_helpers(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"actor_rollout_ref:\n  actor:\n    strategy: megatorn\n")
+    with pytest.raises(ValueError) as info:
+        build_runtime_env(bad)
+    code, _, err = run(capsys, "explain", bad, "--gpus", "9.0")
+    assert code == BAD_INPUT and str(info.value) in err
+
+
+@pytest.mark.parametrize("existing,expected", [
+    (None, [PLUGIN]),
+    ("", [PLUGIN]),
+    ('[{"class": "acme.Plugin", "priority": 5}]', [{"class": "acme.Plugin", "priority": 5}, PLUGIN]),
+    ('[{"class": "acme.Plugin"}, {"class": "ray_megatron_env.plugin.MegatronEnvPlugin", '
+     '"priority": 3}, {"class": "z.P"}]', [{"class": "acme.Plugin"}, {"class": "z.P"}, PLUGIN]),
+])
+def test_register_keeps_other_plugins_and_lists_this_one_once(capsys, monkeypatch, existing,
+                                                                expected):
+    if existing is None:
+        monkeypatch.delenv("RAY_RUNTIME_ENV_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_RUNTIME_ENV_PLUGINS", existing)
+    code, out, _ = run(capsys, "register", "--format", "json")
+    assert code == OK and json.loads(out) == expected
+
+
+def test_register_formats(capsys, monkeypatch):
+    monkeypatch.setenv("RAY_RUNTIME_ENV_PLUGINS", '[{"class": "acme.Plugin"}]')
+    _, shell, _ = run(capsys, "register", "--priority", "50")
+    value = shell.strip().removeprefix("export RAY_RUNTIME_ENV_PLUGINS=")
+    # The shell form survives a real shell.
+    echoed = subprocess.run(["bash", "-c", f"{shell.strip()}; echo \"$RAY_RUNTIME_ENV_PLUGINS\""],
+                            capture_output=True, text=True, check=True).stdout
+    assert json.loads(echoed) == [{"class": "acme.Plugin"}, {**PLUGIN, "priority": 50}]
+    assert value.startswith("'")
+    _, kuberay, _ = run(capsys, "register", "--format", "kuberay")
+    stanza = yaml.safe_load(kuberay)["env"][0]
+    assert stanza["name"] == "RAY_RUNTIME_ENV_PLUGINS"
+    assert json.loads(stanza["value"]) == [{"class": "acme.Plugin"}, PLUGIN]
+
+
+@pytest.mark.parametrize("existing,priority,words", [
+    ("not json", None, ["not JSON", "no plugin in it is lost"]),
+    ('{"class": "x"}', None, ["not a JSON list"]),
+    ("", "101", ["0 to 100"]),
+])
+def test_register_refuses_to_lose_anything(capsys, monkeypatch, existing, priority, words):
+    monkeypatch.setenv("RAY_RUNTIME_ENV_PLUGINS", existing)
+    code, out, err = run(capsys, "register", *(["--priority", priority] if priority else []))
+    assert code == BAD_INPUT and out == ""
+    for word in words:
+        assert word in err
+
+
+VERL_RUNTIME_ENV = """\
+working_dir: ./
+excludes: ["/.git/"]
+env_vars:
+  TORCH_NCCL_AVOID_RECORD_STREAMS: "1"
+  CUDA_DEVICE_MAX_CONNECTIONS: "1"
+"""
+
+
+def test_runtime_env_for_ray_job_submit_takes_over_verls_hard_coded_value(capsys, tmp_path):
+    base = tmp_path / "runtime_env.yaml"
+    base.write_text(VERL_RUNTIME_ENV)
+    code, out, _ = run(capsys, "runtime-env", MEGATRON_YAML, "--base", base, "--take-over")
+    env = yaml.safe_load(out)
+    assert code == OK
+    assert env["working_dir"] == "./" and env["excludes"] == ["/.git/"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env["env_vars"]
+    assert env["env_vars"]["TORCH_NCCL_AVOID_RECORD_STREAMS"] == "1"
+    assert env["env_vars"]["RAY_RUNTIME_ENV_HOOK"] == HOOK_PATH
+    assert env["env_vars"][TAKE_OVER_VARIABLE] == "1"
+    assert env["megatron_env"] == build_runtime_env(MEGATRON_YAML)["megatron_env"]
+
+
+def test_runtime_env_without_take_over_keeps_the_value_explicit(capsys, tmp_path):
+    base = tmp_path / "runtime_env.yaml"
+    base.write_text(VERL_RUNTIME_ENV)
+    _, out, _ = run(capsys, "runtime-env", MEGATRON_YAML, "--base", base, "--json",
+                    "--role", "critic", f"--role=actor")
+    env = json.loads(out)
+    assert env["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert sorted(env["megatron_env"]["engines"]) == ["actor", "critic"]
+
+
+def test_runtime_env_chains_an_existing_hook(capsys, tmp_path):
+    base = tmp_path / "runtime_env.yaml"
+    base.write_text("env_vars:\n  RAY_RUNTIME_ENV_HOOK: acme.hook\n")
+    _, out, _ = run(capsys, "runtime-env", FSDP_YAML, "--base", base, "--take-over")
+    env_vars = yaml.safe_load(out)["env_vars"]
+    assert env_vars["RAY_RUNTIME_ENV_HOOK"] == HOOK_PATH
+    assert env_vars["RAY_MEGATRON_ENV_NEXT_HOOK"] == "acme.hook"
+
+
+def test_tp_override_shows_in_explain(capsys, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(MEGATRON_YAML.read_text().replace("tensor_model_parallel_size: 2",
+                                                        "tensor_model_parallel_size: 1"))
+    _, out, _ = run(capsys, "explain", config, "--gpus", "9.0", "--role", "actor", "--json")
+    assert json.loads(out)["value"] is None
