@@ -15,7 +15,7 @@ _EXPORTS = {
     "build_runtime_env": "runtime_env",
     "read_decision": "worker",
     "check_cluster": "check",
-    "explain": "explain",
+    "explain": "explanation",
     "Decision": "decision",
     "MegatronEnvError": "errors",
     "FieldTypeError": "errors",
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .check import check_cluster
     from .decision import Decision
     from .errors import FieldTypeError, FieldValueError, MegatronEnvError
-    from .explain import explain
+    from .explanation import explain
     from .runtime_env import build_runtime_env
     from .worker import read_decision
 

@@ -102,7 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import explain
+    from .explanation import explain
     from .rules import RULES
 
     decision = explain(args.config, args.gpus, role=_roles(args.role),

@@ -1,0 +1,40 @@
+"""The README's main job, run as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "ray_megatron_env"]
+
+
+def test_demo_reports_every_node_for_every_example(no_cluster):
+    result = subprocess.run([*CLI, "demo", "--json"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout)
+    by_title = {(r["scenario"], r["role"]): {n["label"]: n for n in r["nodes"]} for r in runs}
+    assert len(by_title) == 5
+    generations = {tuple(n["decision"]["gpus"]) for nodes in by_title.values()
+                   for n in nodes.values()}
+    assert {(), ("7.0",), ("8.0",), ("9.0", "9.0"), ("10.0",), ("9.0", "10.0")} <= generations
+    values = {key: {label: n["value"] for label, n in nodes.items()}
+              for key, nodes in by_title.items()}
+    pre_blackwell = {"cpu_head": None, "v100": "1", "a100": "1", "h100": "1", "b200": None,
+                     "h100_b200": "1"}
+    nothing = dict.fromkeys(pre_blackwell)
+    assert [v for (title, _), v in values.items() if title.startswith("verl, Megatron actor/")] \
+        == [pre_blackwell]
+    assert [v for (title, _), v in values.items() if "TP=1" in title] == [nothing]
+    assert [v for (title, _), v in values.items() if "FSDP engines" in title] == [nothing]
+    per_role = {role: v for (title, role), v in values.items() if "per role" in title}
+    assert per_role == {"actor": pre_blackwell, "critic": nothing}
+    assert all(n["registered"] and n["node_id"] and n["ip"] for nodes in by_title.values()
+               for n in nodes.values())
+
+
+def test_demo_refuses_a_bad_config_before_starting_anything(no_cluster, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("critic:\n  strategy: megatorn\n")
+    result = subprocess.run([*CLI, "demo", "--config", str(bad)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert "unknown strategy 'megatorn' at critic.strategy" in result.stderr

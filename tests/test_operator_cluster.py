@@ -1,0 +1,194 @@
+"""Operators' tools against the standard cluster: check, explain vs plugin,
+the ray.init hook, and verl's driver paths (see conftest.py for the nodes)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_TP1, MEGATRON_TP2, MEGATRON_YAML, verl
+from ray_megatron_env import build_runtime_env, check_cluster, explain
+from ray_megatron_env.check import alive_nodes, observe
+from ray_megatron_env.cli import PROBLEM
+from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
+
+from conftest import NODE_SETS
+
+CLI = [sys.executable, "-m", "ray_megatron_env"]
+
+
+def test_check_strict_names_the_node_without_the_plugin(cluster):
+    result = subprocess.run([*CLI, "check", "--address", cluster.address, "--config",
+                             str(MEGATRON_YAML), "--strict", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == PROBLEM, result.stderr
+    reports = json.loads(result.stdout)
+    assert len(reports) == len(NODE_SETS["standard"])
+    by_id = {r["node_id"]: r for r in reports}
+    unplugged = by_id[cluster.node_ids["unplugged"]]
+    assert not unplugged["registered"] and not unplugged["ok"]
+    assert "not registered" in unplugged["problem"]
+    others = [r for node_id, r in by_id.items() if node_id != cluster.node_ids["unplugged"]]
+    assert all(r["ok"] and r["registered"] and r["ip"] for r in others)
+    h100 = by_id[cluster.node_ids["h100"]]
+    assert (h100["value"], h100["decision"]["gpus"]) == ("1", ["9.0", "9.0"])
+
+
+def test_check_text_output_names_the_node_by_id_and_ip(cluster):
+    result = subprocess.run([*CLI, "check", "--address", cluster.address],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0  # not --strict: report only
+    unplugged = cluster.node_ids["unplugged"]
+    assert f"{unplugged} (" in result.stdout and "not registered" in result.stdout
+    assert f"{len(NODE_SETS['standard'])} node(s) checked, 1 with a problem." in result.stdout
+
+
+def test_check_cluster_api_from_a_connected_driver(cluster):
+    reports = {r.node_id: r for r in check_cluster(verl(*MEGATRON_TP2), role="actor")}
+    assert set(reports) == {node_id for node_id, _ in alive_nodes()}
+    assert reports[cluster.node_ids["b200"]].value is None
+    assert reports[cluster.node_ids["v100"]].decision.rules == {"actor": "megatron-model-parallel"}
+    assert [r for r in reports.values() if not r.ok] == [reports[cluster.node_ids["unplugged"]]]
+
+
+def test_check_flags_an_explicit_value_that_breaks_a_requirement(cluster):
+    env = build_runtime_env(verl(*MEGATRON_FSDP), base={
+        "env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
+    report, = observe([(cluster.node_ids["a100"], "-")], env)
+    assert report.registered and not report.ok
+    assert "breaks the requirement" in report.problem()
+
+
+EXPLAINED_NODES = ("cpu_head", "v100", "a100", "h100", "b200", "h100_b200",
+                   "a100_inherit1", "h100_inherit4")
+
+
+@pytest.mark.parametrize("overrides,base,role", [
+    (MEGATRON_TP2, MEGATRON_YAML, None), (MEGATRON_TP2, MEGATRON_YAML, "actor"),
+    (MEGATRON_TP1, MEGATRON_YAML, None), (MEGATRON_FSDP, MEGATRON_YAML, None),
+    ((), FSDP_YAML, None),
+])
+def test_explain_gives_the_same_decision_as_the_plugin_on_each_node(cluster, overrides, base,
+                                                                      role):
+    config = verl(*overrides, base=base)
+    nodes = {name: node for name, node in ((n.name, n) for n in NODE_SETS["standard"])
+             if name in EXPLAINED_NODES}
+    reports = observe([(cluster.node_ids[name], "-") for name in nodes],
+                      build_runtime_env(config, role=role))
+    for (name, node), report in zip(nodes.items(), reports):
+        offline = explain(config, node.fake_gpus, role=role,
+                          node_value=node.env.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+        on_node = report.decision
+        assert report.value == offline.value, name
+        for key in ("value", "source", "reason", "requirement", "gpus", "engines", "rules",
+                    "warnings", "satisfied", "conflict", "node_value"):
+            assert getattr(on_node, key) == getattr(offline, key), (name, key)
+
+
+def run_driver(cluster, tmp_path, *parts, env=None):
+    """Run a driver script against the cluster, as a user's trainer would."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, ray
+        ADDRESS = {cluster.address!r}
+
+        @ray.remote(num_cpus=0)
+        def seen():
+            return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), \\
+                json.loads(os.environ.get("RAY_MEGATRON_ENV_DECISION", "null"))
+
+        def on(*names):
+            return [ray.get(seen.options(resources={{"rme_" + n: 1}}).remote()) for n in names]
+    """) + "".join(textwrap.dedent(part) for part in parts))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_MEGATRON_ENV_")}
+    environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, env={**environ, **(env or {})})
+
+
+HOOK = {"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}
+
+
+def test_ray_init_takes_a_dictconfig_through_the_hook(cluster, tmp_path):
+    result = run_driver(cluster, tmp_path, f"""
+        from omegaconf import OmegaConf
+        cfg = OmegaConf.load({str(MEGATRON_YAML)!r})
+        ray.init(address=ADDRESS, log_to_driver=False, runtime_env={{"megatron_env": cfg}})
+        print(json.dumps(on("h100", "b200")))
+    """, env=HOOK)
+    assert result.returncode == 0, result.stderr
+    (h100, h100_decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
+    assert (h100, b200) == ("1", None) and h100_decision["gpus"] == ["9.0", "9.0"]
+
+
+def test_ray_init_with_a_bad_config_fails_on_the_driver(cluster, tmp_path):
+    result = run_driver(cluster, tmp_path, f"""
+        from omegaconf import OmegaConf
+        cfg = OmegaConf.load({str(MEGATRON_YAML)!r})
+        cfg.actor_rollout_ref.actor.strategy = "megatorn"
+        try:
+            ray.init(address=ADDRESS, runtime_env={{"megatron_env": cfg}})
+        except ValueError as exc:
+            print("REFUSED", ray.is_initialized(), exc)
+    """, env=HOOK)
+    assert "REFUSED False megatron_env: unknown strategy 'megatorn'" in result.stdout, result.stderr
+
+
+# What verl's driver does: its own defaults, hard-coding the value, merged
+# with the job's runtime env by ray.init.
+VERL_DRIVER = """
+    def get_ppo_ray_runtime_env():
+        return {"env_vars": {"TOKENIZERS_PARALLELISM": "true", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+"""
+
+
+def test_verl_main_ppo_few_line_change(cluster, tmp_path):
+    result = run_driver(cluster, tmp_path, VERL_DRIVER, f"""
+        from omegaconf import OmegaConf
+        from ray_megatron_env import build_runtime_env
+        config = OmegaConf.load({str(FSDP_YAML)!r})
+        runtime_env = get_ppo_ray_runtime_env()
+        runtime_env = build_runtime_env(config, base=runtime_env, take_over=True)  # the change
+        ray.init(address=ADDRESS, log_to_driver=False, runtime_env=runtime_env)
+        print(json.dumps([value for value, _ in on("a100", "b200", "a100_inherit1")]))
+    """)
+    assert result.returncode == 0 and result.stdout, result.stderr
+    # FSDP: the hard-coded 1 is gone; the node that exported 1 gets CUDA's default.
+    assert json.loads(result.stdout.splitlines()[-1]) == [None, None, "8"]
+
+
+def test_ray_job_submit_path_takes_over_verls_value_without_editing_verl(cluster, tmp_path):
+    # `ray job submit --runtime-env job.yaml -- python main_ppo.py` runs the
+    # entrypoint with the job's runtime env in RAY_JOB_CONFIG_JSON_ENV_VAR and
+    # its env_vars exported; ray.init in the driver merges both, then calls
+    # the hook. job.yaml comes from `ray-megatron-env runtime-env`.
+    base = tmp_path / "runtime_env.yaml"
+    base.write_text('env_vars:\n  CUDA_DEVICE_MAX_CONNECTIONS: "1"\n  NCCL_DEBUG: WARN\n')
+    made = subprocess.run([*CLI, "runtime-env", str(MEGATRON_YAML), "--role", "critic",
+                           "--base", str(base), "--take-over", "--json"],
+                          capture_output=True, text=True, check=True)
+    job_env = json.loads(made.stdout)
+    result = run_driver(cluster, tmp_path, VERL_DRIVER, """
+        ray.init(address=ADDRESS, log_to_driver=False, runtime_env=get_ppo_ray_runtime_env())
+        print(json.dumps(on("v100", "b200")))
+    """, env={**job_env["env_vars"],
+              "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": job_env})})
+    assert result.returncode == 0, result.stderr
+    (v100, decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
+    # The critic is Megatron TP=1: it needs nothing, so verl's "1" is gone.
+    assert (v100, b200) == (None, None)
+    assert decision["source"] == "none" and list(decision["engines"]) == ["critic"]
+
+
+def test_legacy_call_without_a_config_keeps_verls_value(cluster, tmp_path):
+    result = run_driver(cluster, tmp_path, VERL_DRIVER, """
+        ray.init(address=ADDRESS, log_to_driver=False, runtime_env=get_ppo_ray_runtime_env())
+        print(json.dumps(on("b200")))
+    """, env={**HOOK, TAKE_OVER_VARIABLE: "1"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [["1", None]]
+    assert "no megatron_env field" in result.stderr
