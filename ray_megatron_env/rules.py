@@ -139,3 +139,26 @@ RULES = (
          "inference engines must not run with 1, which serialises their streams",
          "SGLang sets 4 itself; vLLM overlaps scheduling and compute streams"),
 )
+
+
+def _either(value: Optional[bool], yes: str, no: str) -> str:
+    return "any" if value is None else (yes if value else no)
+
+
+def markdown_tables() -> str:
+    """The rule and engine tables as ``docs/rules.md`` shows them; a test
+    keeps the page in step with this module."""
+    lines = [
+        "| # | rule | engine | GPUs (oldest on the node) | TP or CP > 1 | Megatron-FSDP / "
+        "torch FSDP2 | MoE EP overlap | requires | why | source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for number, rule in enumerate(RULES, 1):
+        lines.append(
+            f"| {number} | `{rule.id}` | {rule.engine} | {rule.gpus} | "
+            f"{_either(rule.model_parallel, 'yes', 'no')} | {_either(rule.fsdp, 'yes', 'no')} | "
+            f"{_either(rule.moe_overlap, 'yes', 'no')} | {rule.requirement.label} | "
+            f"{rule.why} | {rule.source} |")
+    lines += ["", "| strategy / engine name | kind |", "|---|---|"]
+    lines += [f"| `{name}` | {kind} |" for name, kind in sorted(KNOWN_STRATEGIES.items())]
+    return "\n".join(lines)
