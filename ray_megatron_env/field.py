@@ -17,11 +17,27 @@ from .rules import CUDA_RANGE, VARIABLE
 from .spec import FIELD, Spec, fail_type, read_canonical
 from .verl import ROOTS, looks_like_verl, read_verl
 
-# A full verl config is about 28 KB of JSON; 1 MiB leaves ample room while
-# keeping a runaway value out of every task spec and agent.
-MAX_FIELD_BYTES = 1 << 20
+# A full verl config is about 28 KB of JSON. Ray's raylet refuses to send the
+# agent a runtime env over 1 MiB (HTTP 413, measured on Ray 2.60), so the cap
+# sits well below that: the user gets this package's message, not the 413.
+MAX_FIELD_BYTES = 512 * 1024
+# verl's configs nest about 8 levels deep.
+MAX_DEPTH = 32
 
 _DECIMAL = re.compile(r"^[0-9]{1,3}$")
+
+
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise FieldValueError(f"{FIELD}: the value is nested more than {MAX_DEPTH} levels "
+                                  "deep; a training config is not")
+        children = node.values() if isinstance(node, Mapping) else (
+            node if isinstance(node, (list, tuple)) else ())
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (Mapping, list, tuple)))
 
 
 def field_size(value: Any) -> int:
@@ -42,6 +58,7 @@ def parse_field(value: Any) -> Spec:
     if not isinstance(value, Mapping):
         raise fail_type("the field", "a mapping (a verl-layout config or the compact form)",
                         value)
+    _check_depth(value)
     size = field_size(value)
     if size > MAX_FIELD_BYTES:
         raise FieldValueError(

@@ -101,6 +101,8 @@ def _lookup(config: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
         if node is None:
             return False, None
         if not isinstance(node, Mapping):
+            if isinstance(node, str):
+                read_name(node, ".".join(walked))  # an interpolation: say so
             raise fail_type(".".join(walked), "a mapping", node)
         if part not in node:
             return False, None
