@@ -10,11 +10,14 @@ per cluster and every Ray process is stopped at the end of the session.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import pytest
 
+import ray_megatron_env
 from ray_megatron_env.simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
@@ -27,7 +30,42 @@ def _smi_node(name: str, **env: str) -> SimulatedNode:
                                     "PATH": _FAKE_PATH, **env})
 
 
-NODE_SETS: Dict[str, Tuple[SimulatedNode, ...]] = {
+def _shadow_install(workdir: Path, name: str, change: Callable[[Path], None]) -> str:
+    """A copy of the package, changed, for a node to import first (PYTHONPATH):
+    how a broken or older install on one node looks to Ray's agent there."""
+    root = workdir / name
+    shutil.copytree(Path(ray_megatron_env.__file__).parent, root / "ray_megatron_env",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    change(root / "ray_megatron_env")
+    return str(root)
+
+
+def _older(package: Path) -> None:
+    spec = package / "spec.py"
+    spec.write_text(spec.read_text().replace("FORMAT_VERSION = 1", "FORMAT_VERSION = 0"))
+
+
+def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
+    # A module that cannot be imported (a deleted file would be found again
+    # through an editable install's import hook).
+    broken = _shadow_install(workdir, "broken",
+                             lambda p: (p / "policy.py").write_text("def broken(:\n"))
+    older = _shadow_install(workdir, "older", _older)
+    plugins = ('[{"class": "other_plugin.OtherPlugin"}, '
+               '{"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}]')
+    return (
+        SimulatedNode("h100", "9.0"),
+        SimulatedNode("broken_install", "9.0", {"PYTHONPATH": broken}),
+        SimulatedNode("old_install", "9.0", {"PYTHONPATH": older}),
+        SimulatedNode("two_plugins", "8.0", {"PYTHONPATH": str(FAKES),
+                                             "RAY_RUNTIME_ENV_PLUGINS": plugins}),
+        _smi_node("smi_missing", CUDA_VISIBLE_DEVICES="5"),
+    )
+
+
+NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
+
+NODE_SETS: Dict[str, NodeSet] = {
     # The mixed cluster of the issue, plus nodes for precedence, registration
     # and probe-path tests.
     "standard": MIXED_NODES + (
@@ -41,6 +79,8 @@ NODE_SETS: Dict[str, Tuple[SimulatedNode, ...]] = {
     ),
     # Every node registered: what a correctly set up cluster looks like.
     "registered": MIXED_NODES[:4],
+    # Registration and install faults (built in a temp dir when first used).
+    "faults": fault_nodes,
 }
 
 
@@ -50,11 +90,14 @@ class ClusterPool:
     def __init__(self) -> None:
         self.name: Optional[str] = None
         self.cluster: Optional[SimulatedCluster] = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="rme-nodes-"))
 
     def get(self, name: str) -> SimulatedCluster:
         if name != self.name:
             self.close()
-            self.cluster = SimulatedCluster(NODE_SETS[name]).start()
+            nodes = NODE_SETS[name]
+            self.cluster = SimulatedCluster(nodes(self.workdir) if callable(nodes) else nodes)
+            self.cluster.start()
             self.name = name
         return self.cluster
 
@@ -69,6 +112,7 @@ def cluster_pool():
     pool = ClusterPool()
     yield pool
     pool.close()
+    shutil.rmtree(pool.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from .runtime_env import ConfigLike, build_runtime_env
 from .spec import FIELD, Roles, Spec
 
 DEFAULT_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,9 @@ class NodeReport:
 
     node_id: str  # Ray node id, hex
     ip: str
-    registered: bool  # the node's agent has the plugin (the worker got a decision)
+    # The node's agent has the plugin (its worker got a decision); None when
+    # the probe actor failed or did not answer, so nobody knows.
+    registered: Optional[bool]
     value: Optional[str]  # the worker's CUDA_DEVICE_MAX_CONNECTIONS; None: unset
     decision: Optional[Decision] = None
     error: Optional[str] = None  # the probe actor could not start or answer
@@ -35,9 +38,8 @@ class NodeReport:
 
     @property
     def ok(self) -> bool:
-        """Registered, answered, and not breaking a hard requirement."""
-        return (self.error is None and self.registered and self.decision is not None
-                and self.decision.satisfied)
+        """Answered, registered, GPUs known, and no hard requirement broken."""
+        return self.problem() is None
 
     def problem(self) -> Optional[str]:
         if self.error is not None:
@@ -47,6 +49,9 @@ class NodeReport:
                     "restart Ray there with RAY_RUNTIME_ENV_PLUGINS (ray-megatron-env register)")
         if not self.decision.satisfied:
             return "; ".join(self.decision.warnings) or "the value breaks the requirement"
+        if self.decision.gpus is None:
+            return (f"the GPU probe failed ({self.decision.probe.get('error')}); the node "
+                    "gets the conservative value")
         return None
 
     def to_dict(self) -> Dict[str, Any]:
@@ -106,11 +111,11 @@ def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
 def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
             label: Optional[str]) -> NodeReport:
     if answer is None:
-        return NodeReport(node_id, ip, False, None, label=label,
+        return NodeReport(node_id, ip, None, None, label=label,
                           error=f"no answer within {timeout_s:g} s (node busy or dead?)")
     if isinstance(answer, Exception):
         lines = [line for line in str(answer).strip().splitlines() if line.strip()]
-        return NodeReport(node_id, ip, False, None, label=label,
+        return NodeReport(node_id, ip, None, None, label=label,
                           error=f"{type(answer).__name__}: {lines[-1] if lines else ''}")
     value, decision = answer
     return NodeReport(node_id, ip, decision is not None, value,
@@ -120,13 +125,46 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
 def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
                   address: Optional[str] = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S) -> List[NodeReport]:
-    """Preflight every alive node; connects to ``address`` unless Ray is
-    already initialised. Without a config, the field names no engine, which
-    still shows each node's GPUs, registration and inherited value."""
+    """Preflight every alive node.
+
+    From a connected driver it uses that connection; otherwise it connects to
+    ``address`` (default: auto) and disconnects again, so a trainer can call
+    it before its own ``ray.init``. Without a config, the field names no
+    engine, which still shows each node's GPUs, registration and inherited
+    value.
+    """
     import ray
 
     runtime_env = (build_runtime_env(config, role=role) if config is not None
                    else {FIELD: Spec().to_field()})
-    if not ray.is_initialized():
+    connected_here = not ray.is_initialized()
+    if connected_here:
+        _ensure_reachable(address or "auto")
         ray.init(address=address or "auto", log_to_driver=False, logging_level="WARNING")
-    return observe(alive_nodes(), runtime_env, timeout_s)
+    try:
+        return observe(alive_nodes(), runtime_env, timeout_s)
+    finally:
+        if connected_here:
+            ray.shutdown()
+
+
+def _ensure_reachable(address: str) -> None:
+    """Fail in seconds, not minutes: ray.init retries an unreachable GCS for
+    a long time. Ray Client addresses (ray://) are left to Ray."""
+    import socket
+
+    if address.startswith("ray://"):
+        return
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address(address)
+    except Exception as exc:  # a private helper: if it moves, let ray.init decide
+        raise ConnectionError(f"cannot resolve the Ray address {address!r}: {exc}") from None
+    if resolved is None:
+        raise ConnectionError("no running Ray cluster found (give --address or set RAY_ADDRESS)")
+    host, _, port = resolved.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"nothing answers at {resolved}: {exc}") from None

@@ -38,11 +38,11 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
         d = r.decision
         gpus = "?" if d is None else ("unknown" if d.gpus is None else ",".join(d.gpus) or "none")
         rows.append(([r.label or "-"] if labelled else []) + [
-            r.node_id, r.ip, "yes" if r.registered else "NO", gpus,
+            r.node_id, r.ip, {True: "yes", False: "NO", None: "?"}[r.registered], gpus,
             _shown(r.value), d.source if d else "-"])
         lines = [d.reason] if d else []
         lines += [f"warning: {w}" for w in (d.warnings if d else ())]
-        if r.problem() and (d is None or not d.satisfied):
+        if r.problem():
             lines.append(f"PROBLEM: {r.problem()}")
         notes.append(lines)
     widths = [max(len(str(row[i])) for row in [head] + rows) for i in range(len(head))]
@@ -59,6 +59,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .simulation import MIXED_NODES
 
+    if args.role and not args.config:
+        raise MegatronEnvError("--role applies to --config; the examples set their own roles")
     nodes = ", ".join(f"{n.name} ({n.fake_gpus})" for n in MIXED_NODES)
     print(f"Starting a local simulated Ray cluster with the plugin registered on every node: "
           f"{nodes} ...", file=sys.stderr)
@@ -77,8 +79,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import ray
-
     from .check import check_cluster
 
     try:
@@ -87,9 +87,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     except ConnectionError as exc:
         print(f"ray-megatron-env check: cannot reach the cluster: {exc}", file=sys.stderr)
         return UNREACHABLE
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
@@ -136,16 +133,21 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
-    from .runtime_env import build_runtime_env
+    from .rules import VARIABLE
+    from .runtime_env import build_runtime_env, configured_value, load_yaml
 
-    base = None
-    if args.base:
-        from omegaconf import OmegaConf
-
-        base = OmegaConf.to_container(OmegaConf.load(args.base), resolve=True)
+    base = load_yaml(args.base) if args.base else None
     env = build_runtime_env(args.config, role=_roles(args.role), base=base,
                             take_over=args.take_over)
-    if args.take_over:
+    deliberate = configured_value(args.config) if args.take_over else None
+    if deliberate is not None:
+        # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
+        # applied by verl's driver in ray.init; a second copy in the job env
+        # would make Ray refuse to merge the two. Nothing to take over there.
+        env["env_vars"].pop(VARIABLE, None)
+        print(f"note: the config sets {VARIABLE}={deliberate} itself; verl's driver applies it "
+              "as an explicit value, so the job env leaves it to the driver", file=sys.stderr)
+    elif args.take_over:
         # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
         # value in ray.init; the hook takes that over too.
         env_vars = env.setdefault("env_vars", {})
@@ -183,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "2xH100, B200, H100+B200), start an actor per node "
                                         "for each example config, print what each got and why.")
     demo.add_argument("--config", help="your config (verl YAML or compact form) instead of the "
-                                       "examples")
+                                       "examples; --role then narrows it")
     role_option(demo)
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(run=cmd_demo)
@@ -198,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true",
                        help="exit 1 if any node lacks the plugin, fails, or breaks a hard "
                             "requirement")
-    check.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
+    check.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds to wait for all nodes to answer (60)")
     check.add_argument("--json", action="store_true", help="a JSON array, one object per node")
     check.set_defaults(run=cmd_check)
 

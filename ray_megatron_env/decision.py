@@ -28,7 +28,7 @@ class Decision:
     value: Optional[str]  # what the worker's CUDA_DEVICE_MAX_CONNECTIONS is; None: unset
     source: str  # explicit | policy | node | none
     reason: str
-    requirement: str  # the policy's requirement: '1', '1 or 32', 'not 1', 'none'
+    requirement: str  # the policy's requirement: '1', '1 or 32', '32', 'not 1' or 'none'
     gpus: Optional[List[str]]  # capabilities seen on the node; None if the probe failed
     engines: Dict[str, str] = field(default_factory=dict)  # role -> engine
     rules: Dict[str, str] = field(default_factory=dict)  # role -> rule id

@@ -16,3 +16,7 @@ class FieldTypeError(MegatronEnvError, TypeError):
 
 class FieldValueError(MegatronEnvError, ValueError):
     """A key holds a value of the right type that is not allowed."""
+
+
+class RegistrationError(MegatronEnvError, ValueError):
+    """RAY_RUNTIME_ENV_PLUGINS cannot be merged without losing something."""

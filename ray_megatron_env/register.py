@@ -10,7 +10,7 @@ import json
 import shlex
 from typing import Any, Dict, List, Optional
 
-from .errors import FieldValueError
+from .errors import RegistrationError
 from .plugin import CLASS_PATH, MegatronEnvPlugin
 
 VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
@@ -24,12 +24,12 @@ def merged_plugins(existing: Optional[str], priority: Optional[int] = None) -> L
         try:
             plugins = json.loads(existing)
         except ValueError as exc:
-            raise FieldValueError(f"the current {VARIABLE} is not JSON ({exc}); fix or "
+            raise RegistrationError(f"the current {VARIABLE} is not JSON ({exc}); fix or "
                                   "unset it first, so no plugin in it is lost") from None
         if not isinstance(plugins, list):
-            raise FieldValueError(f"the current {VARIABLE} is not a JSON list: {existing!r}")
+            raise RegistrationError(f"the current {VARIABLE} is not a JSON list: {existing!r}")
     if priority is not None and not 0 <= priority <= 100:
-        raise FieldValueError(f"--priority must be from 0 to 100 (Ray's range), got {priority}")
+        raise RegistrationError(f"--priority must be from 0 to 100 (Ray's range), got {priority}")
     ours: Dict[str, Any] = {"class": CLASS_PATH}
     if priority is not None:
         ours["priority"] = priority
@@ -46,10 +46,11 @@ def render(plugins: List[Dict[str, Any]], fmt: str) -> str:
     if fmt == "kuberay":
         # JSON is valid YAML: a quoted scalar survives any indentation.
         return "\n".join([
-            f"# Add to the container env of headGroupSpec and of every workerGroupSpecs entry",
-            f"# (plugin: {CLASS_PATH}, default priority {MegatronEnvPlugin.priority}).",
+            "# Add to the container env of headGroupSpec and of every workerGroupSpecs entry.",
+            f"# (plugin: {CLASS_PATH}; without a priority in the list, its class's "
+            f"{MegatronEnvPlugin.priority} applies)",
             "env:",
             f"  - name: {VARIABLE}",
             f"    value: {json.dumps(value)}",
         ])
-    raise FieldValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    raise RegistrationError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

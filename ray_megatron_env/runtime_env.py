@@ -62,15 +62,21 @@ def load_spec(config: ConfigLike) -> Tuple[Spec, Tuple[str, ...]]:
     return spec, (ROLES if looks_like_verl(plain) else ())
 
 
+def configured_value(config: ConfigLike) -> Optional[Any]:
+    """The value the user set in a verl config's own worker env vars, if any."""
+    node: Any = to_plain(config)
+    for part in (*USER_ENV_VARS.split("."), VARIABLE):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
 def _take_over(env: Dict[str, Any], plain: Mapping[str, Any]) -> None:
     env_vars = env.get("env_vars")
     if isinstance(env_vars, dict):
         env_vars.pop(VARIABLE, None)
-    node: Any = plain
-    for part in (*USER_ENV_VARS.split("."), VARIABLE):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    if node is not None:
-        env.setdefault("env_vars", {})[VARIABLE] = node
+    deliberate = configured_value(plain)
+    if deliberate is not None:
+        env.setdefault("env_vars", {})[VARIABLE] = deliberate
 
 
 def plain_runtime_env(base: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -107,6 +113,13 @@ def to_plain(config: ConfigLike) -> Mapping[str, Any]:
 def _is_omegaconf(value: Any) -> bool:
     # Avoid importing omegaconf for plain dicts; a DictConfig's class lives there.
     return type(value).__module__.startswith("omegaconf")
+
+
+def load_yaml(path: "str | os.PathLike[str]") -> Any:
+    """A YAML file (safe YAML) as plain, resolved data, or a FieldValueError."""
+    from omegaconf import OmegaConf
+
+    return _resolve(_load_yaml(os.fspath(path)), "", OmegaConf)
 
 
 def _load_yaml(path: str) -> Any:

@@ -35,10 +35,11 @@ class SimulatedNode:
         return f"rme_{self.name}"
 
     def environment(self) -> Dict[str, str]:
-        env = {FAKE_VARIABLE: self.fake_gpus, **self.env}
-        # An empty value is how Ray reads "no plugins": the node then
+        # An empty plugin list is how Ray reads "no plugins": the node then
         # ignores the field, exactly like a real node started without it.
-        env[PLUGINS_VARIABLE] = REGISTRATION if self.plugin else ""
+        env = {FAKE_VARIABLE: self.fake_gpus,
+               PLUGINS_VARIABLE: REGISTRATION if self.plugin else ""}
+        env.update(self.env)  # the node's own settings win (several plugins, say)
         return env
 
 
@@ -80,13 +81,13 @@ class SimulatedCluster:
         os.environ["RAY_TMPDIR"] = self._tmpdir
         self._cluster = Cluster(shutdown_at_exit=True)
         try:
-            for index, node in enumerate(self.nodes):
-                args = dict(num_cpus=1, resources={node.resource: 10_000},
-                            object_store_memory=self._object_store, env_vars=node.environment())
-                if index == 0:
-                    args.update(include_dashboard=False)
-                started = self._cluster.add_node(**args)
-                self.node_ids[node.name] = started.node_id
+            head, *others = self.nodes
+            started = self._cluster.add_node(
+                num_cpus=1, resources={head.resource: 10_000}, include_dashboard=False,
+                object_store_memory=self._object_store, env_vars=head.environment())
+            self.node_ids[head.name] = started.node_id
+            for node in others:
+                self.add(node)
             if connect:
                 self.connect()
         except BaseException:
@@ -98,6 +99,13 @@ class SimulatedCluster:
         import ray
 
         ray.init(address=self._cluster.address, log_to_driver=False, logging_level="WARNING")
+
+    def add(self, node: SimulatedNode) -> None:
+        """Add a node to the running cluster."""
+        started = self._cluster.add_node(
+            num_cpus=1, resources={node.resource: 10_000},
+            object_store_memory=self._object_store, env_vars=node.environment())
+        self.node_ids[node.name] = started.node_id
 
     def logs_dir(self) -> str:
         """Where every simulated node writes its logs (they share a session)."""

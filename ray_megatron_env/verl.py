@@ -93,6 +93,12 @@ def _read_declarations(section: Any) -> Dict[str, str]:
     return kinds
 
 
+def _expect_mapping(value: Any, key: str) -> None:
+    if isinstance(value, str) and "${" in value:
+        read_name(value, key)  # an unresolved interpolation gets its own message
+    raise fail_type(key, "a mapping", value)
+
+
 def _lookup(config: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
     """(found, value) for a dotted path; a non-mapping on the way is an error."""
     node: Any = config
@@ -101,9 +107,7 @@ def _lookup(config: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
         if node is None:
             return False, None
         if not isinstance(node, Mapping):
-            if isinstance(node, str):
-                read_name(node, ".".join(walked))  # an interpolation: say so
-            raise fail_type(".".join(walked), "a mapping", node)
+            _expect_mapping(node, ".".join(walked))
         if part not in node:
             return False, None
         node = node[part]
@@ -117,7 +121,7 @@ def _read_section(config: Mapping[str, Any], path: str, name_key: str,
     if not found or section is None:
         return None
     if not isinstance(section, Mapping):
-        raise fail_type(path, "a mapping", section)
+        _expect_mapping(section, path)
     enable = section.get("enable")
     if enable is not None and read_flag(enable, f"{path}.enable") is False:
         return None

@@ -74,6 +74,8 @@ def test_explain_explicit_value(capsys):
     (["explain", MEGATRON_YAML, "--gpus", "9.0", "--role", "judge"], ["unknown role 'judge'"]),
     (["explain", MEGATRON_YAML, "--gpus", "9.0", "--explicit", "0"], ["1 to 32"]),
     (["runtime-env", "/no/such.yaml"], ["does not exist"]),
+    (["runtime-env", MEGATRON_YAML, "--base", "/no/base.yaml"], ["'/no/base.yaml' does not exist"]),
+    (["demo", "--role", "actor"], ["--role applies to --config"]),
 ])
 def test_bad_input_exits_2_with_the_helpers_message(capsys, argv, words):
     code, out, err = run(capsys, *argv)
@@ -167,6 +169,21 @@ def test_runtime_env_without_take_over_keeps_the_value_explicit(capsys, tmp_path
     env = json.loads(out)
     assert env["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert sorted(env["megatron_env"]["engines"]) == ["actor", "critic"]
+
+
+def test_runtime_env_leaves_a_value_set_in_the_config_to_verls_driver(capsys, tmp_path):
+    # verl's driver applies ray_kwargs.ray_init.runtime_env itself; a second
+    # copy in the job env would make Ray refuse to merge the two.
+    base = tmp_path / "runtime_env.yaml"
+    base.write_text(VERL_RUNTIME_ENV)
+    config = tmp_path / "config.yaml"
+    config.write_text(MEGATRON_YAML.read_text() + "ray_kwargs:\n  ray_init:\n    runtime_env:\n"
+                      "      env_vars:\n        CUDA_DEVICE_MAX_CONNECTIONS: '4'\n")
+    code, out, err = run(capsys, "runtime-env", config, "--base", base, "--take-over")
+    env_vars = yaml.safe_load(out)["env_vars"]
+    assert code == OK and "CUDA_DEVICE_MAX_CONNECTIONS" not in env_vars
+    assert TAKE_OVER_VARIABLE not in env_vars and "RAY_RUNTIME_ENV_HOOK" not in env_vars
+    assert "sets CUDA_DEVICE_MAX_CONNECTIONS=4 itself" in err
 
 
 def test_runtime_env_chains_an_existing_hook(capsys, tmp_path):

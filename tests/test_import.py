@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("torch", "pynvml", "omegaconf", "yaml", "numpy")
 
@@ -34,14 +35,13 @@ def test_the_agent_side_loads_without_omegaconf_nvml_or_torch():
 
 
 def test_a_broken_install_fails_the_worker_not_the_import(tmp_path):
-    # Copy the plugin module alone: the rest of the package is "missing".
+    # A copy of the package with one module that cannot be imported.
     import shutil
-    import ray_megatron_env.plugin as plugin
+    import ray_megatron_env
 
     package = tmp_path / "ray_megatron_env"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    shutil.copy(plugin.__file__, package / "plugin.py")
+    shutil.copytree(Path(ray_megatron_env.__file__).parent, package)
+    (package / "policy.py").write_text("def broken(:\n")
     code = ("import ray_megatron_env.plugin as p\n"
             "try:\n    p.MegatronEnvPlugin.validate({'megatron_env': {}})\n"
             "except p.BrokenInstallError as e:\n    print('BROKEN', e)\n")

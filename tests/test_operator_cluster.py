@@ -19,6 +19,8 @@ from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
 from conftest import NODE_SETS
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
+# Nodes of the standard set whose GPU probe fails on purpose (conftest.py).
+PROBE_FAILS = {"bad_fake", "smi_hang"}
 
 
 def test_check_strict_names_the_node_without_the_plugin(cluster):
@@ -30,10 +32,15 @@ def test_check_strict_names_the_node_without_the_plugin(cluster):
     assert len(reports) == len(NODE_SETS["standard"])
     by_id = {r["node_id"]: r for r in reports}
     unplugged = by_id[cluster.node_ids["unplugged"]]
-    assert not unplugged["registered"] and not unplugged["ok"]
+    assert unplugged["registered"] is False and not unplugged["ok"]
     assert "not registered" in unplugged["problem"]
-    others = [r for node_id, r in by_id.items() if node_id != cluster.node_ids["unplugged"]]
-    assert all(r["ok"] and r["registered"] and r["ip"] for r in others)
+    for name in PROBE_FAILS:
+        report = by_id[cluster.node_ids[name]]
+        assert report["registered"] and not report["ok"]
+        assert report["problem"].startswith("the GPU probe failed")
+    bad = {cluster.node_ids[name] for name in PROBE_FAILS | {"unplugged"}}
+    assert all(r["ok"] and r["registered"] and r["ip"] for node_id, r in by_id.items()
+               if node_id not in bad)
     h100 = by_id[cluster.node_ids["h100"]]
     assert (h100["value"], h100["decision"]["gpus"]) == ("1", ["9.0", "9.0"])
 
@@ -44,7 +51,8 @@ def test_check_text_output_names_the_node_by_id_and_ip(cluster):
     assert result.returncode == 0  # not --strict: report only
     unplugged = cluster.node_ids["unplugged"]
     assert f"{unplugged} (" in result.stdout and "not registered" in result.stdout
-    assert f"{len(NODE_SETS['standard'])} node(s) checked, 1 with a problem." in result.stdout
+    assert f"{len(NODE_SETS['standard'])} node(s) checked, 3 with a problem." in result.stdout
+    assert "PROBLEM: the GPU probe failed" in result.stdout
 
 
 def test_check_cluster_api_from_a_connected_driver(cluster):
@@ -52,7 +60,8 @@ def test_check_cluster_api_from_a_connected_driver(cluster):
     assert set(reports) == {node_id for node_id, _ in alive_nodes()}
     assert reports[cluster.node_ids["b200"]].value is None
     assert reports[cluster.node_ids["v100"]].decision.rules == {"actor": "megatron-model-parallel"}
-    assert [r for r in reports.values() if not r.ok] == [reports[cluster.node_ids["unplugged"]]]
+    assert {node_id for node_id, r in reports.items() if not r.ok} == {
+        cluster.node_ids[name] for name in PROBE_FAILS | {"unplugged"}}
 
 
 def test_check_flags_an_explicit_value_that_breaks_a_requirement(cluster):

@@ -1,0 +1,95 @@
+"""Registration and install faults on real nodes: nothing takes a node
+down, and each has a clear symptom (see docs/reliability.md)."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+from ray.exceptions import RuntimeEnvSetupError
+
+from ray_megatron_env import build_runtime_env
+
+CLUSTER = "faults"
+MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}
+
+
+@ray.remote(num_cpus=0)
+def seen(*names):
+    return {name: os.environ.get(name) for name in names}
+
+
+def on(cluster, node, runtime_env, *names):
+    task = seen.options(runtime_env=runtime_env, **cluster.pin(node))
+    return ray.get(task.remote("CUDA_DEVICE_MAX_CONNECTIONS", "RAY_MEGATRON_ENV_DECISION",
+                               *names), timeout=120)
+
+
+def test_a_broken_install_fails_workers_not_the_node(cluster):
+    with pytest.raises(RuntimeEnvSetupError) as info:
+        on(cluster, "broken_install", {"megatron_env": MEGATRON_TP2})
+    message = str(info.value)
+    assert "BrokenInstallError: ray-megatron-env on this node cannot load" in message
+    assert "reinstall the same version as the driver" in message
+    # The node is up and runs everything that does not use the field.
+    assert on(cluster, "broken_install", {"env_vars": {"X": "1"}}, "X")["X"] == "1"
+    assert ray.get(seen.options(**cluster.pin("broken_install")).remote("Y")) == {"Y": None}
+
+
+def test_an_old_install_refuses_a_newer_format_clearly(cluster):
+    with pytest.raises(RuntimeEnvSetupError) as info:
+        on(cluster, "old_install", build_runtime_env(MEGATRON_TP2))
+    assert "format version 1 is not supported by this ray-megatron-env (it reads version 0)" \
+        in str(info.value)
+    assert "install the same ray-megatron-env version on the driver and on every node" \
+        in str(info.value)
+    assert on(cluster, "h100", {"megatron_env": MEGATRON_TP2})["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_another_plugin_registered_beside_this_one(cluster):
+    env = {"megatron_env": MEGATRON_TP2, "other_plugin": "hello"}
+    got = on(cluster, "two_plugins", env, "OTHER_PLUGIN_SAW")
+    assert got["OTHER_PLUGIN_SAW"] == "hello"
+    assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert json.loads(got["RAY_MEGATRON_ENV_DECISION"])["gpus"] == ["8.0"]
+
+
+def test_visible_devices_naming_a_missing_gpu_on_a_real_node(cluster):
+    got = on(cluster, "smi_missing", build_runtime_env({"engines": {"a": {"strategy": "fsdp"}},
+                                                        "version": 1}))
+    decision = json.loads(got["RAY_MEGATRON_ENV_DECISION"])
+    assert decision["gpus"] is None
+    assert "CUDA_VISIBLE_DEVICES names device 5, but the node has 2 GPU(s)" in \
+        decision["probe"]["error"]
+    assert got["CUDA_DEVICE_MAX_CONNECTIONS"] is None  # FSDP: conservative is "not 1"
+
+
+def test_a_registered_but_missing_package_keeps_the_node_out(cluster):
+    # Ray's own behaviour, documented for operators: `ray start` on a node
+    # whose RAY_RUNTIME_ENV_PLUGINS names a class that is not installed. The
+    # agent cannot import it, the raylet exits, the node never joins.
+    env = {**os.environ, "RAY_RUNTIME_ENV_PLUGINS":
+           '[{"class": "ray_megatron_env_not_installed.plugin.P"}]'}
+    before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    ray_start = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "start",
+         f"--address={cluster.address}", "--num-cpus=1", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 25
+        errors = ""
+        while "No module named" not in errors and time.monotonic() < deadline:
+            time.sleep(0.5)
+            errors = "".join(open(path, errors="replace").read() for path in
+                             glob.glob(os.path.join(cluster.logs_dir(), "runtime_env_agent*.err")))
+        assert "No module named 'ray_megatron_env_not_installed'" in errors
+        time.sleep(2)
+        assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == before
+    finally:  # Ray gives up after 30 s; stop it and whatever it started now
+        os.killpg(ray_start.pid, signal.SIGKILL)
+        ray_start.wait()

@@ -1,0 +1,85 @@
+"""Load: many actors at once on several nodes, with several runtime envs.
+
+Every worker gets its node's value, the probe runs once per node per agent
+process, nothing deadlocks, and the agents' memory does not grow with the
+number of workers. About 200 worker processes: marked slow, run by .ci/run.
+"""
+
+import json
+import time
+
+import pytest
+import ray
+
+from configs import MEGATRON_YAML, verl
+from ray_megatron_env import build_runtime_env, explain
+from conftest import NODE_SETS
+
+CLUSTER = "registered"
+ACTORS = 200
+pytestmark = pytest.mark.slow
+
+ROLES = ("actor", "critic", "rollout", ("actor", "rollout"), None)
+
+
+@ray.remote(num_cpus=0)
+class Worker:
+    def seen(self):
+        import os
+        return (os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+                json.loads(os.environ["RAY_MEGATRON_ENV_DECISION"]))
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def start(cluster, plan):
+    actors = [Worker.options(runtime_env=envs, **cluster.pin(node)).remote()
+              for node, envs in plan]
+    results = ray.get([a.seen.remote() for a in actors], timeout=900)
+    for actor in actors:
+        ray.kill(actor)
+    return results
+
+
+def test_many_actors_at_once(cluster):
+    config = verl("critic.strategy=fsdp")
+    envs = [build_runtime_env(config, role=role) for role in ROLES]
+    nodes = {node.name: node for node in NODE_SETS[CLUSTER]}
+    expected = {(name, i): explain(config, node.fake_gpus, role=ROLES[i]).value
+                for name, node in nodes.items() for i in range(len(ROLES))}
+    plan = [(name, i) for n in range(ACTORS)
+            for name, i in [(list(nodes)[n % len(nodes)], (n // len(nodes)) % len(ROLES))]]
+
+    # Warm up: one worker per node and env, so each agent has loaded the
+    # plugin and probed once; then measure the agents.
+    warm = start(cluster, [(name, envs[i]) for name, i in expected])
+    agents = {d["probe"]["pid"] for _, d in warm}
+    assert len(agents) == len(nodes)
+    before = {pid: rss_mib(pid) for pid in agents}
+
+    started = time.monotonic()
+    results = start(cluster, [(name, envs[i]) for name, i in plan])
+    took = time.monotonic() - started
+    assert len(results) == ACTORS
+
+    by_node = {}
+    for (name, i), (value, decision) in zip(plan, results):
+        assert value == decision["value"] == expected[name, i], (name, ROLES[i])
+        by_node.setdefault(name, set()).add((decision["probe"]["pid"],
+                                             decision["probe"]["probed_at"]))
+    # One probe per node: every decision there carries the same agent pid and
+    # the same probe time as the warm-up's.
+    for name, probes in by_node.items():
+        assert len(probes) == 1, (name, probes)
+    assert {pid for probes in by_node.values() for pid, _ in probes} == agents
+
+    growth = {pid: rss_mib(pid) - before[pid] for pid in agents}
+    assert max(growth.values()) < 16, growth  # 200 workers: no per-worker state
+    print(f"{ACTORS} actors in {took:.1f} s; agent RSS growth (MiB): "
+          f"{ {pid: round(g, 1) for pid, g in growth.items()} }")

@@ -1,0 +1,79 @@
+"""Hostile metadata on a real node: the plugin writes two variables, runs
+nothing, opens no file, and resolves no interpolation in the agent."""
+
+import os
+import threading
+
+import pytest
+import ray
+from ray.exceptions import RuntimeEnvSetupError
+
+VAR, DECISION = "CUDA_DEVICE_MAX_CONNECTIONS", "RAY_MEGATRON_ENV_DECISION"
+
+
+@ray.remote(num_cpus=0)
+def environment():
+    return dict(os.environ)
+
+
+def run(cluster, runtime_env, node="h100"):
+    return ray.get(environment.options(runtime_env=runtime_env, **cluster.pin(node)).remote(),
+                   timeout=120)
+
+
+def hostile(marker):
+    """A verl-shaped field stuffed with everything that could be misread."""
+    return {
+        "actor_rollout_ref": {"actor": {
+            "strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2},
+            "env_vars": {"LD_PRELOAD": "/tmp/evil.so"}, "runtime_env": {"PATH": "/evil"}}},
+        "env_vars": {"PATH": "/evil", "LD_PRELOAD": "/tmp/evil.so", VAR: "7"},
+        "LD_PRELOAD": "/tmp/evil.so", "PATH": "/evil", "PYTHONPATH": "/evil",
+        "worker_process_setup_hook": f"os.system('touch {marker}')",
+        "trainer": {"cmd": f"$(touch {marker})", "home": "${oc.env:HOME}",
+                    "tag": f"!!python/object/apply:os.system ['touch {marker}']",
+                    "resolver": "${oc.create:{a: 1}}", "eval": f"__import__('os').system('touch {marker}')"},
+    }
+
+
+def test_only_its_two_variables_reach_the_worker(cluster, tmp_path):
+    marker = tmp_path / "ran"
+    with_field = run(cluster, {"megatron_env": hostile(marker)})
+    control = run(cluster, {"env_vars": {"RME_CONTROL": "1"}})
+    differ = {k for k in set(with_field) | set(control) if with_field.get(k) != control.get(k)}
+    assert differ == {VAR, DECISION, "RME_CONTROL"}
+    assert with_field[VAR] == "1"  # the config's Megatron TP=2, not the "7" inside the field
+    assert with_field.get("LD_PRELOAD") is None and with_field["PATH"] == control["PATH"]
+    assert not marker.exists()
+
+
+def test_interpolations_are_never_resolved_in_the_agent(cluster):
+    field = {"actor_rollout_ref": {"actor": {"strategy": "${oc.env:HOME}"}}}
+    with pytest.raises(RuntimeEnvSetupError) as info:
+        run(cluster, {"megatron_env": field})
+    assert "unresolved interpolation '${oc.env:HOME}'" in str(info.value)
+    assert f"'{os.environ['HOME']}'" not in str(info.value)
+
+
+def test_a_path_in_the_field_is_never_opened_in_the_agent(cluster, tmp_path):
+    # Opening a FIFO for reading blocks until a writer comes: had the agent
+    # tried, the worker would hang; it fails at once instead.
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def writer():  # unblocks a reader if there ever is one, and records it
+        try:
+            with open(fifo, "w") as f:
+                opened.set()
+                f.write("critic: {strategy: fsdp}\n")
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    with pytest.raises(RuntimeEnvSetupError, match="the field must be a mapping"):
+        run(cluster, {"megatron_env": str(fifo)})
+    assert not opened.is_set()
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the writer
+    thread.join(timeout=5)
