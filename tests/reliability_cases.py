@@ -218,7 +218,7 @@ FAULTS: Tuple[Fault, ...] = (
     Fault("a per-device NVML error (GPU lost)", "as above", "nothing",
           ("test_probe.py::test_nvml_device_error_falls_back_to_nvidia_smi",)),
     Fault("garbage from nvidia-smi", "unknown GPUs, conservative rule, error recorded", "nothing",
-          ("test_probe.py::test_smi_garbage_is_an_error",)),
+          ("test_probe.py::test_nvidia_smi_errors",)),
     Fault("nvidia-smi hangs", "killed with its process group after 3 s; the worker starts with "
           "the conservative value; other runtime envs on the node start meanwhile (the probe "
           "runs off the agent's event loop)", "nothing",
@@ -276,6 +276,6 @@ def render() -> str:
 if __name__ == "__main__":
     doc = Path(__file__).parent.parent / "docs" / "reliability.md"
     text = doc.read_text()
-    head, rest = text.split("<!-- cases:begin -->\n", 1)
-    tail = rest.split("\n<!-- cases:end -->", 1)[1]
+    head, rest = text.split("<!-- cases:begin -->", 1)
+    tail = rest.split("<!-- cases:end -->", 1)[1]
     doc.write_text(f"{head}<!-- cases:begin -->\n{render()}\n<!-- cases:end -->{tail}")

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 
 from configs import FSDP_YAML, MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.cli import BAD_INPUT, OK, main
+from ray_megatron_env.cli import BAD_INPUT, OK, UNREACHABLE, main
 from ray_megatron_env.explanation import explain
 from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
 
@@ -36,6 +37,14 @@ def test_console_script_and_module_entry_point():
     for command in ([script], [sys.executable, "-m", "ray_megatron_env"]):
         out = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True)
         assert out.stdout.startswith("ray-megatron-env 0.")
+
+
+def test_check_against_no_cluster_exits_3_in_seconds(capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    started = time.monotonic()
+    code, out, err = run(capsys, "check", "--address", "127.0.0.1:1")
+    assert code == UNREACHABLE and out == "" and "nothing answers at" in err
+    assert time.monotonic() - started < 10
 
 
 def test_explain_prints_value_reason_and_rules(capsys):

@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
+import importlib
+
 from ray_megatron_env.rules import markdown_tables
+from reliability_cases import FAULTS, render
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -13,3 +16,14 @@ def between(text: str, name: str) -> str:
 
 def test_rules_page_shows_the_rule_table_in_code():
     assert between((DOCS / "rules.md").read_text(), "rules") == markdown_tables()
+
+
+def test_reliability_page_shows_every_case_tried():
+    assert between((DOCS / "reliability.md").read_text(), "cases") == render()
+
+
+def test_every_test_the_reliability_page_names_exists():
+    for fault in FAULTS:
+        for test in fault.tests:
+            module, _, function = test.partition("::")
+            assert hasattr(importlib.import_module(module.removesuffix(".py")), function), test
