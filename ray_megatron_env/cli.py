@@ -70,7 +70,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                            "nodes": [n.to_dict() for n in r.reports]} for r in results], indent=2))
         return OK
     for result in results:
-        scope = f" [role: {result.role}]" if result.role else ""
+        roles = [result.role] if isinstance(result.role, str) else result.role
+        scope = f" [role: {', '.join(roles)}]" if roles else ""
         print(f"\n== {result.title}{scope}")
         print(format_reports(result.reports, labelled=True))
     print("\nEach node decided for its own GPUs at worker start-up; the simulated cluster is "

@@ -62,8 +62,9 @@ def parse_field(value: Any) -> Spec:
     size = field_size(value)
     if size > MAX_FIELD_BYTES:
         raise FieldValueError(
-            f"{FIELD}: the value is {size} bytes of JSON; the limit is {MAX_FIELD_BYTES}. "
-            "Pass it through build_runtime_env, which keeps only what the policy reads"
+            f"{FIELD}: the value is {size} bytes of JSON; the limit is {MAX_FIELD_BYTES}. A "
+            "training config is about 30 KB, and the compact form that build_runtime_env "
+            "ships is a few hundred bytes"
         )
     if "engines" in value or "version" in value:
         return read_canonical(value)
