@@ -64,7 +64,7 @@ def cold(samples: int, environ: dict) -> list:
     return out
 
 
-def warm(calls: int, raw: bool) -> list:
+def warm(calls: int, raw_config: str = "") -> list:
     import logging
 
     from ray._private.runtime_env.context import RuntimeEnvContext
@@ -73,11 +73,16 @@ def warm(calls: int, raw: bool) -> list:
     from ray_megatron_env.plugin import MegatronEnvPlugin
 
     value = field()
-    if raw:  # the full verl-shaped config instead of the compact form
+    if raw_config:  # a whole resolved config as the field, instead of the compact form
         from omegaconf import OmegaConf
 
         from ray_megatron_env.demo import load_example
-        value = OmegaConf.to_container(load_example("verl_megatron.yaml"), resolve=True)
+        config = load_example(Path(raw_config).resolve() if Path(raw_config).exists()
+                              else raw_config)
+        if OmegaConf.select(config, "actor_rollout_ref.rollout.name",
+                            throw_on_missing=False) is None:
+            OmegaConf.update(config, "actor_rollout_ref.rollout.name", "vllm", force_add=True)
+        value = OmegaConf.to_container(config, resolve=True)
     logger = logging.getLogger("bench")
     logger.addHandler(logging.NullHandler())
     logger.propagate = False
@@ -147,6 +152,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--cold", type=int, default=10)
     parser.add_argument("--probes", type=int, default=20)
+    parser.add_argument("--config", default="verl_megatron.yaml",
+                        help="config whose raw form is timed as the field (default: the "
+                             "package's trimmed example; try verl's _generated_ppo_*.yaml)")
     args = parser.parse_args()
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_MEGATRON_ENV_")}
@@ -156,9 +164,9 @@ def main() -> None:
     rows.append(["cold: first start in a fresh agent (imports + fake probe + decision)",
                  ms(cold_fake["median"]), f"{ms(cold_fake['q1'])} .. {ms(cold_fake['q3'])}"])
     os.environ.update({"RAY_MEGATRON_ENV_FAKE_GPUS": "9.0,9.0"})
-    for raw in (False, True):
+    for raw in ("", args.config):
         w = spread(warm(args.calls, raw))
-        what = "raw verl-shaped config" if raw else "compact field"
+        what = f"raw {Path(raw).name} as the field" if raw else "compact field"
         rows.append([f"warm: validate + create + modify_context, {what}", us(w["median"]),
                      f"{us(w['q1'])} .. {us(w['q3'])}"])
     os.environ.pop("RAY_MEGATRON_ENV_FAKE_GPUS")
