@@ -46,20 +46,22 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     key before anything is scheduled.
     """
     plain = to_plain(config)
-    spec = parse_field(plain).narrow(role, ROLES if looks_like_verl(plain) else ())
+    spec, known_roles = _spec_of(plain)
     env = plain_runtime_env(base)
     if take_over:
         _take_over(env, plain)
     explicit_value(env.get("env_vars"))
-    env[FIELD] = spec.to_field()
+    env[FIELD] = spec.narrow(role, known_roles).to_field()
     return env
 
 
 def load_spec(config: ConfigLike) -> Tuple[Spec, Tuple[str, ...]]:
     """Parse any accepted config into a Spec, and say which roles it knows."""
-    plain = to_plain(config)
-    spec = parse_field(plain)
-    return spec, (ROLES if looks_like_verl(plain) else ())
+    return _spec_of(to_plain(config))
+
+
+def _spec_of(plain: Mapping[str, Any]) -> Tuple[Spec, Tuple[str, ...]]:
+    return parse_field(plain), (ROLES if looks_like_verl(plain) else ())
 
 
 def configured_value(config: ConfigLike) -> Optional[Any]:
