@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple, Union
 
@@ -125,6 +126,53 @@ def cluster(cluster_pool, request) -> SimulatedCluster:
 def no_cluster(cluster_pool) -> None:
     """For tests that start a cluster of their own (the demo): none running."""
     cluster_pool.close()
+
+
+_RAY_PROCESS = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_monitor",
+                "default_worker", "monitor.py")
+
+
+def _ray_processes_since(start_ticks: int) -> Dict[int, str]:
+    """Live (not zombie) Ray processes started after ``start_ticks``."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, started = fields[0], int(fields[19])
+        if state != "Z" and started >= start_ticks and any(n in command for n in _RAY_PROCESS):
+            found[int(entry)] = command[:120]
+    return found
+
+
+def _now_ticks() -> int:
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def pytest_sessionstart(session):
+    session.config._rme_start_ticks = _now_ticks()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Every test cleans up the Ray processes it starts; fail the run if not.
+    start = getattr(session.config, "_rme_start_ticks", None)
+    if start is None:
+        return
+    deadline = time.monotonic() + 15
+    left = _ray_processes_since(start)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _ray_processes_since(start)
+    if left:
+        print("\nRay processes left behind by the tests:")
+        for pid, command in left.items():
+            print(f"  {pid}: {command}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):
