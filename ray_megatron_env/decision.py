@@ -115,9 +115,7 @@ def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]
         if parsed is None:
             warnings.append(f"the node's {VARIABLE}={inherited!r} is not an integer from 1 "
                             "to 32")
-        if need == NOTHING:
-            return inherited, NODE, f"the node's value {inherited} is kept", warnings
-        if parsed is not None and need.allows(parsed):
+        if need == NOTHING or (parsed is not None and need.allows(parsed)):
             return inherited, NODE, f"the node's value {inherited} is kept", warnings
         chosen = str(need.choose())
         return chosen, POLICY, f"the node's value {inherited} is replaced by {chosen}", warnings
