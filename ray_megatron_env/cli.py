@@ -42,8 +42,9 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
             _shown(r.value), d.source if d else "-"])
         lines = [d.reason] if d else []
         lines += [f"warning: {w}" for w in (d.warnings if d else ())]
-        if r.problem():
-            lines.append(f"PROBLEM: {r.problem()}")
+        problem = r.problem()
+        if problem:
+            lines.append(f"PROBLEM: {problem}")
         notes.append(lines)
     widths = [max(len(str(row[i])) for row in [head] + rows) for i in range(len(head))]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
@@ -135,12 +136,12 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
     from .rules import VARIABLE
-    from .runtime_env import build_runtime_env, configured_value, load_yaml
+    from .runtime_env import build_runtime_env, configured_value, load_yaml, to_plain
 
     base = load_yaml(args.base) if args.base else None
-    env = build_runtime_env(args.config, role=_roles(args.role), base=base,
-                            take_over=args.take_over)
-    deliberate = configured_value(args.config) if args.take_over else None
+    config = to_plain(args.config)  # read once, for both uses below
+    env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over)
+    deliberate = configured_value(config) if args.take_over else None
     if deliberate is not None:
         # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
         # applied by verl's driver in ray.init; a second copy in the job env

@@ -61,7 +61,8 @@ class Decision:
         return cls.from_dict(json.loads(text))
 
 
-def _parse_inherited(value: Optional[str]) -> Optional[int]:
+def _as_count(value: Optional[str]) -> Optional[int]:
+    """The value as a connection count, or None (unset or not a valid count)."""
     try:
         return parse_connections(value, VARIABLE)
     except (TypeError, ValueError):
@@ -89,7 +90,7 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
         engines={f.role: f.engine.describe() for f in verdict.findings},
         rules={f.role: f.rule.id for f in verdict.findings},
         conflict=verdict.conflict,
-        satisfied=verdict.requirement.allows(_parse_inherited(value)),
+        satisfied=verdict.requirement.allows(_as_count(value)),
         warnings=tuple(warnings),
         node_value=inherited,
         probe={"method": gpus.method, "error": gpus.error, "detail": gpus.detail,
@@ -111,7 +112,7 @@ def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]
                 f"the explicit env_vars value {explicit} is kept although it breaks this",
                 warnings)
     if inherited is not None:
-        parsed = _parse_inherited(inherited)
+        parsed = _as_count(inherited)
         if parsed is None:
             warnings.append(f"the node's {VARIABLE}={inherited!r} is not an integer from 1 "
                             "to 32")

@@ -12,6 +12,7 @@ from .decision import Decision, decide
 from .errors import FieldValueError
 from .field import explicit_value
 from .gpus import NodeGpus, parse_capability
+from .rules import VARIABLE
 from .runtime_env import ConfigLike, load_spec
 from .spec import FIELD, Roles
 
@@ -36,6 +37,6 @@ def explain(config: ConfigLike, gpus: Union[str, Sequence[str]], *, role: Roles 
     one inherited from the node's environment.
     """
     spec, known_roles = load_spec(config)
-    env_vars = {"CUDA_DEVICE_MAX_CONNECTIONS": explicit} if explicit is not None else None
+    env_vars = {VARIABLE: explicit} if explicit is not None else None
     return decide(spec.narrow(role, known_roles), parse_gpu_list(gpus),
                   explicit=explicit_value(env_vars), inherited=node_value)

@@ -106,16 +106,16 @@ def _select(visible: Optional[str], devices: List[tuple],
             if index < 0:
                 break
             if index >= len(devices):
-                raise VisibilityError(f"CUDA_VISIBLE_DEVICES names device {index}, but the node "
-                                 f"has {len(devices)} GPU(s)")
+                raise VisibilityError(f"CUDA_VISIBLE_DEVICES names device {index}, but the "
+                                      f"node has {len(devices)} GPU(s)")
             chosen.append(devices[index][1])
             continue
         matches = [cap for uuid, cap in (*devices, *extra_uuids)
                    if uuid and uuid.startswith(entry)]
         if len(matches) != 1:
             problem = "no" if not matches else "more than one"
-            raise VisibilityError(f"CUDA_VISIBLE_DEVICES entry {_clip(entry)!r} matches {problem} "
-                             "GPU UUID on the node")
+            raise VisibilityError(f"CUDA_VISIBLE_DEVICES entry {_clip(entry)!r} matches "
+                                  f"{problem} GPU UUID on the node")
         chosen.append(matches[0])
     return chosen
 

@@ -82,10 +82,7 @@ class SimulatedCluster:
         self._cluster = Cluster(shutdown_at_exit=True)
         try:
             head, *others = self.nodes
-            started = self._cluster.add_node(
-                num_cpus=1, resources={head.resource: 10_000}, include_dashboard=False,
-                object_store_memory=self._object_store, env_vars=head.environment())
-            self.node_ids[head.name] = started.node_id
+            self.add(head, include_dashboard=False)
             for node in others:
                 self.add(node)
             if connect:
@@ -100,11 +97,11 @@ class SimulatedCluster:
 
         ray.init(address=self._cluster.address, log_to_driver=False, logging_level="WARNING")
 
-    def add(self, node: SimulatedNode) -> None:
-        """Add a node to the running cluster."""
+    def add(self, node: SimulatedNode, **ray_params: object) -> None:
+        """Add a node to the cluster (the first one added is the head)."""
         started = self._cluster.add_node(
-            num_cpus=1, resources={node.resource: 10_000},
-            object_store_memory=self._object_store, env_vars=node.environment())
+            num_cpus=1, resources={node.resource: 10_000}, object_store_memory=self._object_store,
+            env_vars=node.environment(), **ray_params)
         self.node_ids[node.name] = started.node_id
 
     def logs_dir(self) -> str:
