@@ -43,7 +43,9 @@ def _shadow_install(workdir: Path, name: str, change: Callable[[Path], None]) ->
 
 def _older(package: Path) -> None:
     spec = package / "spec.py"
-    spec.write_text(spec.read_text().replace("FORMAT_VERSION = 1", "FORMAT_VERSION = 0"))
+    # An install that reads only the first format version, as 0.1.0 does.
+    spec.write_text(spec.read_text().replace("FORMAT_VERSION = 2", "FORMAT_VERSION = 1")
+                    .replace("READABLE_VERSIONS = (1, 2)", "READABLE_VERSIONS = (1,)"))
 
 
 def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:

@@ -15,7 +15,7 @@ from .field import explicit_value, parse_field
 from .gpus import NodeGpus
 from .probe import ProbeCache
 from .rules import VARIABLE
-from .spec import FIELD
+from .values import FIELD
 
 
 def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
@@ -35,12 +35,23 @@ class NodeAgent:
 
     def apply(self, runtime_env: Mapping[str, Any], env_vars: MutableMapping[str, str],
               node_environ: Mapping[str, str], logger: logging.Logger) -> Decision:
-        """Decide for this node and write the worker's two variables."""
-        spec = parse_field(runtime_env.get(FIELD))
-        decision = decide(spec, self.cache.get(), explicit=explicit_value(env_vars),
-                          inherited=node_environ.get(VARIABLE))
-        if decision.value is not None and decision.source != EXPLICIT:
-            env_vars[VARIABLE] = decision.value
+        """Decide for this worker on this node and write its two variables.
+
+        ``env_vars`` are the worker's own (the job's merged with its actor's),
+        which is where a framework marks its process kinds; the spec's
+        process rules classify the worker from them.
+        """
+        spec, process = parse_field(runtime_env.get(FIELD)).for_process(env_vars)
+        explicit = explicit_value(env_vars)
+        replaced = explicit is not None and explicit == spec.replaces
+        decision = decide(spec, self.cache.get(), explicit=None if replaced else explicit,
+                          inherited=node_environ.get(VARIABLE), process=process,
+                          replaced=explicit if replaced else None)
+        if decision.source != EXPLICIT:
+            if decision.value is not None:
+                env_vars[VARIABLE] = decision.value
+            elif replaced:
+                del env_vars[VARIABLE]
         env_vars[DECISION_VARIABLE] = decision.to_json()
         log_decision(logger, decision)
         return decision

@@ -16,7 +16,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from .decision import DECISION_VARIABLE, Decision
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, build_runtime_env
-from .spec import FIELD, Roles, Spec
+from .spec import Roles, Spec
+from .values import FIELD
 
 DEFAULT_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0

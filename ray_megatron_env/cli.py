@@ -1,7 +1,8 @@
 """``ray-megatron-env``: demo, check, explain, register, runtime-env.
 
-Exit codes: 0 success; 1 ``check --strict`` found a problem; 2 bad usage
-or a bad config (the message names the key); 3 the cluster is unreachable.
+Exit codes: 0 success; 1 ``check --strict`` found a problem, or ``explain``'s
+value breaks a required rule; 2 bad usage or a bad config (the message names
+the key); 3 the cluster is unreachable.
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     decision = explain(args.config, args.gpus, role=_roles(args.role),
                        explicit=args.explicit, node_value=args.node_value)
+    # A required rule that the value breaks fails here as it would on the node.
+    code = OK if decision.satisfied else PROBLEM
     if args.json:
         print(json.dumps(decision.to_dict(), indent=2))
-        return OK
+        return code
     print(f"CUDA_DEVICE_MAX_CONNECTIONS: {_shown(decision.value)}  "
           f"(source: {decision.source}; requirement: {decision.requirement})")
     print(textwrap.fill(f"reason: {decision.reason}", 100, subsequent_indent="  ",
@@ -119,10 +122,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for role, engine in decision.engines.items():
         rule = by_id[decision.rules[role]]
         print(f"  {role}: {engine} -> {rule.id} ({rule.requirement.label}): {rule.why}")
+        print(f"      {decision.because[role]}")
         print(f"      source: {rule.source}")
     for warning in decision.warnings:
         print(f"warning: {warning}")
-    return OK
+    if not decision.satisfied:
+        print("PROBLEM: the value breaks a required rule on these GPUs (see the warnings)")
+    return code
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -171,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ray-megatron-env",
         description="The right CUDA_DEVICE_MAX_CONNECTIONS on every node of a Ray cluster.",
-        epilog="Exit codes: 0 ok; 1 check --strict found a problem; 2 bad usage or config; "
-               "3 cluster unreachable.")
+        epilog="Exit codes: 0 ok; 1 check --strict found a problem, or explain's value breaks "
+               "a required rule; 2 bad usage or config; 3 cluster unreachable.")
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__import__('ray_megatron_env').__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")

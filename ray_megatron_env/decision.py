@@ -1,7 +1,7 @@
 """The decision for one node: the value, where it came from, and why.
 
-``decide`` applies the precedence of DESIGN.md on top of the policy's
-verdict. A ``Decision`` travels to every worker as JSON in
+``decide`` applies the precedence (docs/how-it-works.md#precedence) on top
+of the policy's verdict. A ``Decision`` travels to every worker as JSON in
 ``RAY_MEGATRON_ENV_DECISION`` and is what the CLI prints.
 """
 
@@ -28,14 +28,18 @@ class Decision:
     value: Optional[str]  # what the worker's CUDA_DEVICE_MAX_CONNECTIONS is; None: unset
     source: str  # explicit | policy | node | none
     reason: str
-    requirement: str  # the policy's requirement: '1', '1 or 32', '32', 'not 1' or 'none'
-    gpus: Optional[List[str]]  # capabilities seen on the node; None if the probe failed
+    requirement: str  # what the value must meet: '1', 'not 1', 'not 1 (32 preferred)', 'none'
+    gpus: Optional[List[str]]  # capabilities seen on the node; None if not readable
     engines: Dict[str, str] = field(default_factory=dict)  # role -> engine
     rules: Dict[str, str] = field(default_factory=dict)  # role -> rule id
-    conflict: bool = False
-    satisfied: bool = True  # the value meets the requirement (False: an explicit override)
+    strengths: Dict[str, str] = field(default_factory=dict)  # role -> required|preferred|none
+    because: Dict[str, str] = field(default_factory=dict)  # role -> the strength in words
+    conflict: bool = False  # some engine's requirement is not met in this env
+    satisfied: bool = True  # the value meets every *required* rule in scope
     warnings: Tuple[str, ...] = ()
     node_value: Optional[str] = None  # inherited from the node's environment
+    process: Optional[str] = None  # how this worker was classified, if the field says how
+    framework: Optional[str] = None
     probe: Dict[str, Any] = field(default_factory=dict)
     version: str = __version__
 
@@ -70,46 +74,82 @@ def _as_count(value: Optional[str]) -> Optional[int]:
 
 
 def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
-           inherited: Optional[str] = None) -> Decision:
+           inherited: Optional[str] = None, process: Optional[str] = None,
+           replaced: Optional[str] = None) -> Decision:
     """Apply the precedence to the policy's verdict for this node.
 
     ``explicit`` is the runtime env's own ``env_vars`` value (already checked);
-    ``inherited`` is the node's environment value, if any.
+    ``inherited`` is the node's environment value, if any; ``process`` says
+    how the worker was classified, when the spec classifies workers;
+    ``replaced`` is a framework's blanket value found in ``env_vars`` and
+    decided anew (``Spec.replaces``).
     """
     verdict = evaluate(spec, gpus)
     value, source, outcome, warnings = _resolve(verdict, explicit, inherited)
+    if replaced is not None:
+        outcome = (f"{spec.framework or 'the framework'}'s own {VARIABLE}={replaced} for every "
+                   f"process is replaced: {outcome}")
+    warnings = _conflict_warnings(verdict) + warnings
     if not gpus.is_known:
-        warnings.insert(0, f"the GPU probe ({gpus.method}) failed, so the node was treated "
-                           f"as pre-Blackwell: {gpus.error}")
+        warnings.insert(0, f"the GPU probe ({gpus.method}) could not read the GPUs' compute "
+                           f"capability, so the node was treated as pre-Blackwell: {gpus.error}")
+    reason = f"{verdict.reason}; {outcome}."
+    if process:
+        reason = f"{process}: {reason}"
     return Decision(
         value=value,
         source=source,
-        reason=f"{verdict.reason}; {outcome}.",
+        reason=reason,
         requirement=verdict.requirement.label,
         gpus=gpus.labels(),
         engines={f.role: f.engine.describe() for f in verdict.findings},
         rules={f.role: f.rule.id for f in verdict.findings},
+        strengths={f.role: f.strength for f in verdict.findings},
+        because={f.role: f.because() for f in verdict.findings},
         conflict=verdict.conflict,
-        satisfied=verdict.requirement.allows(_as_count(value)),
+        satisfied=not verdict.hard_conflict and verdict.required.allows(_as_count(value)),
         warnings=tuple(warnings),
         node_value=inherited,
+        process=process,
+        framework=spec.framework,
         probe={"method": gpus.method, "error": gpus.error, "detail": gpus.detail,
-               "probed_at": gpus.probed_at, "pid": gpus.probe_pid},
+               "vendor": gpus.vendor, "probed_at": gpus.probed_at, "pid": gpus.probe_pid},
     )
+
+
+def _conflict_warnings(verdict: Verdict) -> List[str]:
+    out = []
+    for finding in verdict.unmet:
+        rule = finding.rule
+        out.append(
+            f"{finding.role} ({finding.engine.describe()}) asks {rule.requirement.label} "
+            f"[{rule.id}; {finding.because()}], which this shared runtime env "
+            f"cannot give ({verdict.requirement.label} is what the other roles need); fix: "
+            f"give {finding.role} its own env with build_runtime_env(config, "
+            f"role={finding.role!r})")
+    return out
+
+
+def _broken(verdict: Verdict, value: int) -> str:
+    """'actor [megatron-model-parallel; required: ...]' for each rule ``value`` breaks."""
+    return ", ".join(f"{f.role} (asks {f.rule.requirement.label}) [{f.rule.id}; {f.because()}]"
+                     for f in verdict.findings if not f.rule.requirement.allows(value))
 
 
 def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]):
     need = verdict.requirement
-    warnings = []
+    warnings: List[str] = []
     if explicit is not None:
-        if need.allows(parse_connections(explicit, VARIABLE)):
+        count = parse_connections(explicit, VARIABLE)
+        broken = _broken(verdict, count)
+        if not broken:
             return explicit, EXPLICIT, f"the explicit env_vars value {explicit} is kept", warnings
-        roles = ", ".join(f.role for f in verdict.findings
-                          if not f.rule.requirement.allows(int(explicit)))
-        warnings.append(f"explicit {VARIABLE}={explicit} breaks the requirement "
-                        f"({need.label}) of {roles}; kept because env_vars is the user's intent")
+        kind = ("a required rule" if not verdict.required.allows(count)
+                else "a preferred rule")
+        warnings.append(f"explicit {VARIABLE}={explicit} breaks {kind} of {broken}; kept "
+                        "because env_vars is the user's intent")
         return (explicit, EXPLICIT,
-                f"the explicit env_vars value {explicit} is kept although it breaks this",
+                f"the explicit env_vars value {explicit} is kept although it breaks {kind}",
                 warnings)
     if inherited is not None:
         parsed = _as_count(inherited)
@@ -120,7 +160,7 @@ def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]
             return inherited, NODE, f"the node's value {inherited} is kept", warnings
         chosen = str(need.choose())
         return chosen, POLICY, f"the node's value {inherited} is replaced by {chosen}", warnings
-    if not need.unset_ok:
+    if not need.unset_ok or need.preferred_value is not None:
         chosen = str(need.choose())
         return chosen, POLICY, f"set to {chosen}", warnings
     if need == NOTHING:

@@ -14,7 +14,8 @@ from .field import explicit_value
 from .gpus import NodeGpus, parse_capability
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, load_spec
-from .spec import FIELD, Roles
+from .spec import Roles
+from .values import FIELD
 
 
 def parse_gpu_list(gpus: Union[str, Sequence[str]]) -> NodeGpus:

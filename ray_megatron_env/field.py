@@ -3,19 +3,21 @@
 ``parse_field`` is the single entry point for a raw field value. The driver
 helper, the ``RAY_RUNTIME_ENV_HOOK`` hook and the plugin in every node's
 agent all call it, so a value accepted on the driver is accepted on the
-node, and a bad one gets the same message in both places.
+node, and a bad one gets the same message in both places. Which layout the
+value is in (the compact form, verl, NeMo-RL, slime, AReaL) is the
+registry's call (``frameworks``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from .errors import FieldTypeError, FieldValueError
-from .rules import CUDA_RANGE, VARIABLE
-from .spec import FIELD, Spec, fail_type, read_canonical
-from .verl import ROOTS, looks_like_verl, read_verl
+from .frameworks import read_config
+from .rules import VARIABLE
+from .spec import Spec
+from .values import FIELD, fail_type, parse_connections
 
 # A full verl config is about 28 KB of JSON. Ray's raylet refuses to send the
 # agent a runtime env over 1 MiB (HTTP 413, measured on Ray 2.60), so the cap
@@ -23,9 +25,6 @@ from .verl import ROOTS, looks_like_verl, read_verl
 MAX_FIELD_BYTES = 512 * 1024
 # verl's configs nest about 8 levels deep.
 MAX_DEPTH = 32
-
-_DECIMAL = re.compile(r"^[0-9]{1,3}$")
-
 
 def _check_depth(value: Any) -> None:
     stack = [(value, 1)]
@@ -54,9 +53,14 @@ def field_size(value: Any) -> int:
 
 
 def parse_field(value: Any) -> Spec:
-    """Parse a raw ``megatron_env`` value (verl layout or compact form)."""
+    """Parse a raw ``megatron_env`` value (a framework's config or the compact form)."""
+    return read_field(value)[0]
+
+
+def read_field(value: Any) -> Tuple[Spec, Tuple[str, ...]]:
+    """``parse_field``, and the role names the value's layout knows."""
     if not isinstance(value, Mapping):
-        raise fail_type("the field", "a mapping (a verl-layout config or the compact form)",
+        raise fail_type("the field", "a mapping (a framework's config or the compact form)",
                         value)
     _check_depth(value)
     size = field_size(value)
@@ -66,27 +70,7 @@ def parse_field(value: Any) -> Spec:
             "training config is about 30 KB, and the compact form that build_runtime_env "
             "ships is a few hundred bytes"
         )
-    if "engines" in value or "version" in value:
-        return read_canonical(value)
-    if looks_like_verl(value):
-        return read_verl(value)
-    keys = ", ".join(sorted(map(str, value))[:8]) or "none"
-    raise FieldValueError(
-        f"{FIELD}: the value is neither the compact form (with 'engines') nor a verl-"
-        f"layout config (with one of {', '.join(ROOTS)}); its top-level keys: {keys}"
-    )
-
-
-def parse_connections(value: Any, key: str) -> int:
-    """A CUDA_DEVICE_MAX_CONNECTIONS value set by the user: '1'..'32'."""
-    if not isinstance(value, str):
-        raise fail_type(key, "a string of an integer from 1 to 32", value)
-    if not _DECIMAL.match(value) or int(value) not in CUDA_RANGE:
-        raise FieldValueError(
-            f"{FIELD}: {key} is {value!r}; CUDA accepts an integer from "
-            f"{CUDA_RANGE.start} to {CUDA_RANGE.stop - 1}"
-        )
-    return int(value)
+    return read_config(value)
 
 
 def explicit_value(env_vars: Optional[Mapping[str, Any]]) -> Optional[str]:

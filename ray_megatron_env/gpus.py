@@ -11,6 +11,8 @@ from typing import Optional, Sequence, Tuple
 
 Capability = Tuple[int, int]
 
+VENDORS = {"amd": "AMD (ROCm)"}
+
 _CAPABILITY = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\s*$")
 
 
@@ -32,11 +34,14 @@ class NodeGpus:
 
     ``capabilities`` is ``()`` for a node without NVIDIA GPUs and ``None``
     when the probe failed, so the policy can tell "none" from "unknown".
+    ``vendor`` names another vendor's GPUs (``"amd"``) on a node without
+    NVIDIA GPUs.
     """
 
     capabilities: Optional[Tuple[Capability, ...]]
     method: str
     error: Optional[str] = None
+    vendor: Optional[str] = None
     detail: Optional[str] = None  # what the probe saw, for operators
     probed_at: Optional[float] = None
     probe_pid: Optional[int] = None
@@ -48,6 +53,10 @@ class NodeGpus:
     @classmethod
     def unknown(cls, method: str, error: str, **kw) -> "NodeGpus":
         return cls(None, method, error, **kw)
+
+    @classmethod
+    def other(cls, vendor: str, method: str, **kw) -> "NodeGpus":
+        return cls((), method, None, vendor, **kw)
 
     @property
     def is_known(self) -> bool:
@@ -68,7 +77,7 @@ class NodeGpus:
         if self.capabilities is None:
             return f"unknown GPUs ({self.method} probe failed: {self.error})"
         if not self.capabilities:
-            return "no NVIDIA GPU"
+            return f"{VENDORS.get(self.vendor, self.vendor)} GPUs" if self.vendor else "no NVIDIA GPU"
         distinct = sorted(set(self.capabilities))
         oldest = format_capability(distinct[0])
         if len(distinct) == 1:

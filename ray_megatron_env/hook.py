@@ -27,7 +27,7 @@ import os
 from typing import Any, Dict, Optional
 
 from .rules import VARIABLE
-from .spec import FIELD
+from .values import FIELD
 
 HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
 TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"

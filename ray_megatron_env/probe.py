@@ -1,9 +1,14 @@
-"""Finding a node's GPUs: the fake variable, then NVML, then nvidia-smi.
+"""Finding a node's GPUs: the fake variable, NVML, nvidia-smi, then the
+kernel drivers' own device listings.
 
-This is the hardware edge. It never raises: any failure becomes a
-``NodeGpus`` with ``capabilities=None`` and the error text, which the
-policy treats conservatively. It never touches CUDA (no context, no GPU
-memory): NVML and nvidia-smi read the driver's device table.
+This is the hardware edge. It never raises, and it never hangs longer than
+its bounds: any failure becomes a ``NodeGpus`` with ``capabilities=None``
+and the error text, which the policy treats conservatively. A node is only
+recorded as having no GPU when every source says there is none: NVML that
+cannot load is not evidence of that (an agent without ``libnvidia-ml`` on
+its library path, a container without the driver's user-space libraries).
+It never touches CUDA (no context, no GPU memory): NVML and nvidia-smi read
+the driver's device table, and the listings are plain files.
 """
 
 from __future__ import annotations
@@ -22,9 +27,15 @@ from .gpus import Capability, NodeGpus, parse_capability
 
 FAKE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_GPUS"
 METHOD_VARIABLE = "RAY_MEGATRON_ENV_PROBE"  # auto (default) | nvml | nvidia-smi
+# Where the kernel's device listings are looked for; "/" unless the node's
+# /proc and /dev are mounted elsewhere (and in tests, a prepared folder).
+ROOT_VARIABLE = "RAY_MEGATRON_ENV_DEVICE_ROOT"
 METHODS = ("auto", "nvml", "nvidia-smi")
 SMI_TIMEOUT_S = 3.0
+NVML_TIMEOUT_S = 3.0
 RETRY_FAILED_AFTER_S = 60.0
+NVIDIA_LISTING = "proc/driver/nvidia/gpus"  # one folder per device, from the kernel module
+AMD_DEVICE = "dev/kfd"  # the ROCm compute device; present when an AMD GPU driver is loaded
 
 _INDEX = re.compile(r"^-?\d+$")
 
@@ -38,38 +49,107 @@ class VisibilityError(ProbeError):
     Another backend would read the same variable, so there is no fallback."""
 
 
+class Absent(ProbeError):
+    """The backend is not installed here; that alone says nothing about GPUs."""
+
+
 def probe_gpus(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
                smi_command: Sequence[str] = ("nvidia-smi",),
-               smi_timeout_s: float = SMI_TIMEOUT_S) -> NodeGpus:
-    """The GPUs this node exposes to workers. Never raises."""
+               smi_timeout_s: float = SMI_TIMEOUT_S,
+               nvml_timeout_s: float = NVML_TIMEOUT_S) -> NodeGpus:
+    """The GPUs this node exposes to workers. Never raises; bounded in time."""
     try:
-        return _probe(environ, nvml, smi_command, smi_timeout_s)
+        return _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s)
     except Exception as exc:  # a bug here must not fail every worker start
         return NodeGpus.unknown("probe", f"unexpected {type(exc).__name__}: {exc}")
 
 
-def _probe(environ, nvml, smi_command, smi_timeout_s) -> NodeGpus:
+def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeGpus:
     fake = environ.get(FAKE_VARIABLE, "").strip()
     if fake:
         return _from_fake(fake)
     method = environ.get(METHOD_VARIABLE, "auto").strip() or "auto"
     if method not in METHODS:
-        return NodeGpus.unknown("probe", f"{METHOD_VARIABLE}={method!r} is not one of "
+        return NodeGpus.unknown("probe", f"{METHOD_VARIABLE}={_clip(method)!r} is not one of "
                                          f"{', '.join(METHODS)}")
     visible = environ.get("CUDA_VISIBLE_DEVICES")
-    nvml_error = None
-    if method in ("auto", "nvml"):
+    failures: List[str] = []  # what each backend said, for the decision's reason
+    errored = False  # a backend was there but failed: not evidence of "no GPU"
+    backends = [("nvml", lambda: _bounded(lambda: _from_nvml(visible, nvml), nvml_timeout_s)),
+                ("nvidia-smi", lambda: _from_smi(visible, smi_command, smi_timeout_s))]
+    for name, run in backends:
+        if method not in ("auto", name):
+            continue
         try:
-            return _from_nvml(visible, nvml)
+            return run()
+        except VisibilityError as exc:
+            return NodeGpus.unknown(name, str(exc))
         except ProbeError as exc:
-            if method == "nvml" or isinstance(exc, VisibilityError):
-                return NodeGpus.unknown("nvml", str(exc))
-            nvml_error = str(exc)
+            failures.append(f"{name}: {exc}")
+            errored = errored or not isinstance(exc, Absent)
+    if method != "auto":
+        return NodeGpus.unknown(method, "; ".join(failures))
+    return _from_listings(environ, failures, errored)
+
+
+def _from_listings(environ: Mapping[str, str], failures: List[str], errored: bool) -> NodeGpus:
+    """The last word when NVML and nvidia-smi could not say: the kernel's own
+    device listings. NVIDIA devices there, capability unreadable: unknown,
+    so the node gets the conservative class; an AMD compute device: named."""
+    said = "; ".join(failures)
+    root = environ.get(ROOT_VARIABLE, "/").strip() or "/"
+    if not os.path.isdir(root):
+        return NodeGpus.unknown("listing", f"{ROOT_VARIABLE}={_clip(root)!r} is not a folder; "
+                                           f"{said}")
+    listing = os.path.join(root, NVIDIA_LISTING)
     try:
-        return _from_smi(visible, smi_command, smi_timeout_s)
-    except ProbeError as exc:
-        error = f"nvml: {nvml_error}; nvidia-smi: {exc}" if nvml_error else str(exc)
-        return NodeGpus.unknown("nvidia-smi", error)
+        devices = sorted(os.listdir(listing))
+    except FileNotFoundError:
+        devices = []
+    except OSError as exc:
+        return NodeGpus.unknown("listing", f"cannot read {listing}: {exc.strerror}; {said}")
+    if devices:
+        return NodeGpus.unknown(
+            "listing", f"{len(devices)} NVIDIA device(s) in {listing} ({_clip(', '.join(devices))}) "
+                       f"but their compute capability is unreadable ({said})")
+    if os.path.exists(os.path.join(root, AMD_DEVICE)):
+        return NodeGpus.other("amd", "listing",
+                              detail=f"{os.path.join(root, AMD_DEVICE)} exists (ROCm); no NVIDIA "
+                                     f"device ({said})")
+    if errored:
+        return NodeGpus.unknown("listing", f"no device in {listing}, but a probe failed: {said}")
+    return NodeGpus.known((), "listing", detail=f"no NVIDIA or AMD device; {said}")
+
+
+# One NVML call may hang inside the driver; it is never waited on twice.
+_nvml_lock = threading.Lock()
+_nvml_stuck: Optional[threading.Thread] = None
+
+
+def _bounded(call: Callable[[], NodeGpus], timeout_s: float) -> NodeGpus:
+    """Run an NVML probe in a thread and give up after ``timeout_s``: a hung
+    driver call cannot be interrupted, but the caller need not wait for it."""
+    global _nvml_stuck
+    with _nvml_lock:
+        if _nvml_stuck is not None and _nvml_stuck.is_alive():
+            raise ProbeError("an earlier NVML call has still not returned")
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # handed to the caller below
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name="ray-megatron-env-nvml", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            _nvml_stuck = thread
+            raise ProbeError(f"NVML did not answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _from_fake(text: str) -> NodeGpus:
@@ -125,11 +205,11 @@ def _from_nvml(visible: Optional[str], nvml: Any) -> NodeGpus:
         try:
             import pynvml as nvml  # nvidia-ml-py; loaded on first probe only
         except Exception as exc:
-            raise ProbeError(f"nvidia-ml-py is not importable: {exc}") from None
+            raise Absent(f"nvidia-ml-py is not importable: {exc}") from None
     try:
         nvml.nvmlInit()
     except nvml.NVMLError_LibraryNotFound:
-        return NodeGpus.known((), "nvml", detail="NVML library not found: no NVIDIA driver")
+        raise Absent("the NVML library (libnvidia-ml) cannot be loaded") from None
     except nvml.NVMLError as exc:
         raise ProbeError(f"nvmlInit failed: {exc}") from None
     try:
@@ -178,6 +258,8 @@ def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) 
         # be killed together and the pipes close.
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    except FileNotFoundError:
+        raise Absent(f"{command[0]} is not installed") from None
     except OSError as exc:
         raise ProbeError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
     try:

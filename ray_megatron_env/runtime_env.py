@@ -13,16 +13,19 @@ import os
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
-from .field import explicit_value, parse_field
+from .field import explicit_value, read_field
+from .frameworks import all_paths, compose_yaml, to_mapping
 from .rules import VARIABLE
-from .spec import FIELD, Roles, Spec, fail_type
-from .verl import PATHS, ROLES, looks_like_verl
+from .spec import Roles, Spec
+from .values import FIELD, fail_type
 
 # Where a verl user sets their own worker env vars (merged by verl's driver
 # over its defaults): a value for the variable there is deliberate.
 USER_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
-ConfigLike = Union[Mapping[str, Any], str, "os.PathLike[str]"]
+# A mapping (dict, DictConfig), a YAML path, an argparse.Namespace, or a
+# framework's command-line argument list (slime).
+ConfigLike = Union[Mapping[str, Any], str, "os.PathLike[str]", Any]
 
 _ABSENT = object()
 
@@ -61,7 +64,7 @@ def load_spec(config: ConfigLike) -> Tuple[Spec, Tuple[str, ...]]:
 
 
 def _spec_of(plain: Mapping[str, Any]) -> Tuple[Spec, Tuple[str, ...]]:
-    return parse_field(plain), (ROLES if looks_like_verl(plain) else ())
+    return read_field(plain)
 
 
 def configured_value(config: ConfigLike) -> Optional[Any]:
@@ -106,10 +109,11 @@ def to_plain(config: ConfigLike) -> Mapping[str, Any]:
     interpolations there and nowhere else.
     """
     if isinstance(config, (str, os.PathLike)):
-        config = _load_yaml(os.fspath(config))
+        path = os.fspath(config)
+        config = compose_yaml(path, _load_yaml(path))
     if _is_omegaconf(config):
         return _pluck(config)
-    return config
+    return to_mapping(config)
 
 
 def _is_omegaconf(value: Any) -> bool:
@@ -144,7 +148,8 @@ def _pluck(config: Any) -> Mapping[str, Any]:
     if "engines" in config or "version" in config:  # the compact form, written in YAML
         return _resolve(config, "", OmegaConf)
     out: Dict[str, Any] = {}
-    for path in (*PATHS, f"{USER_ENV_VARS}.{VARIABLE}"):
+    markers, paths = all_paths()
+    for path in (*paths, f"{USER_ENV_VARS}.{VARIABLE}", *markers):
         parts = path.split(".")
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])
@@ -153,8 +158,13 @@ def _pluck(config: Any) -> Mapping[str, Any]:
                 break
             if depth < len(parts) and isinstance(value, DictConfig):
                 continue
+            if path in markers and depth == len(parts):
+                # Detection needs only that it is there: resolving a whole
+                # section would fail on any broken interpolation inside it.
+                _put(out, parts, {} if hasattr(value, "_metadata") else value, replace=False)
+                break
             if hasattr(value, "_metadata"):  # a container: resolve what is under it
-                value = OmegaConf.to_container(value, resolve=True)
+                value = _to_container(value)
             _put(out, parts[:depth], value)
             break
     return out
@@ -171,7 +181,8 @@ def _resolve(config: Any, path: str, omegaconf: Any) -> Any:
                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
 
-def _put(tree: Dict[str, Any], parts: list, value: Any) -> None:
+def _put(tree: Dict[str, Any], parts: list, value: Any, replace: bool = True) -> None:
     for part in parts[:-1]:
         tree = tree.setdefault(part, {})
-    tree[parts[-1]] = value
+    if replace or parts[-1] not in tree:
+        tree[parts[-1]] = value

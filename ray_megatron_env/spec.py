@@ -1,86 +1,48 @@
-"""The canonical ``megatron_env`` spec: which engines are in scope.
+"""The canonical ``megatron_env`` spec: which engines are in scope, and which
+worker processes run which of them.
 
-Every accepted input (a verl-layout config, the compact form, a DictConfig
-on the driver) becomes a ``Spec``; the policy reads nothing else. The
-compact form (``Spec.to_field``) is what the driver helper puts in the
-runtime env, and parsing it again gives the same ``Spec``.
+Every framework reader (``frameworks/``) produces a ``Spec``; the policy reads
+nothing else. The compact form (``Spec.to_field``) is what the driver helper
+puts in the runtime env, and parsing it again gives the same ``Spec``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
-from .errors import FieldTypeError, FieldValueError
-from .rules import ENGINE_KINDS, KNOWN_STRATEGIES, MEGATRON
+from .errors import FieldValueError
+from .rules import CHECKS, ENGINE_KINDS, KNOWN_STRATEGIES, MEGATRON
+from .values import FIELD, fail_type, show
 
-FIELD = "megatron_env"
-FORMAT_VERSION = 1
-MAX_ENGINES = 64
-MAX_PARALLEL_SIZE = 65536
-
-# Names end up in the worker's environment (inside the decision's JSON) and
-# in log lines, so they are restricted to characters that cannot expand,
-# quote or break anything there.
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-
-_ENGINE_KEYS = (
-    "strategy", "kind", "tensor_parallel", "context_parallel",
-    "megatron_fsdp", "torch_fsdp2", "moe_overlap",
-)
-_TOP_KEYS = ("version", "engines")
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without the optional keys
 
 Roles = Union[str, Iterable[str], None]
 
-
-def fail_type(key: str, expected: str, value: Any) -> FieldTypeError:
-    return FieldTypeError(
-        f"{FIELD}: {key} must be {expected}, got {_show(value)} ({type(value).__name__})"
-    )
+# Free text a reader writes (why a role was left out). It reaches the worker's
+# environment and log lines, so it stays plain.
+_NOTE = re.compile(r"^[A-Za-z0-9 _.,:;=()'/+<>-]{1,200}$")
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def read_name(value: Any, key: str) -> str:
+def read_note(value: Any, key: str) -> str:
     if not isinstance(value, str):
         raise fail_type(key, "a string", value)
-    if "${" in value:
-        raise FieldValueError(
-            f"{FIELD}: {key} is an unresolved interpolation {_show(value)}; resolve "
-            "the config on the driver (build_runtime_env does; or "
-            "OmegaConf.to_container(cfg, resolve=True)): the agent never resolves"
-        )
-    if not _NAME.match(value):
-        raise FieldValueError(
-            f"{FIELD}: {key} {_show(value)} is not a valid name (a letter, then up "
-            "to 63 letters, digits, '_', '.' or '-')"
-        )
+    if not _NOTE.match(value):
+        raise FieldValueError(f"{FIELD}: {key} {show(value)} must be 1 to 200 letters, digits, "
+                              "spaces or .,:;=()'/+<>_- characters")
     return value
 
 
-def read_size(value: Any, key: str) -> int:
-    # bool is an int in Python; 'true' as a parallel size is a mistake.
-    if isinstance(value, str) and "${" in value:
-        read_name(value, key)  # raises the interpolation message
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise fail_type(key, f"an integer from 1 to {MAX_PARALLEL_SIZE}", value)
-    if not 1 <= value <= MAX_PARALLEL_SIZE:
-        raise FieldValueError(
-            f"{FIELD}: {key} must be an integer from 1 to {MAX_PARALLEL_SIZE}, got {value}"
-        )
-    return value
-
-
-def read_flag(value: Any, key: str) -> bool:
-    if isinstance(value, str) and "${" in value:
-        read_name(value, key)
-    if not isinstance(value, bool):
-        raise fail_type(key, "true or false", value)
-    return value
+def read_checks(value: Any, key: str) -> Tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise fail_type(key, f"a list of check names ({', '.join(CHECKS)})", value)
+    unknown = [v for v in value if v not in CHECKS]
+    if unknown:
+        raise FieldValueError(f"{FIELD}: {key} names unknown check(s) {show(unknown)}; "
+                              f"known: {', '.join(CHECKS)}")
+    return tuple(value)
 
 
 def resolve_kind(strategy: str, declared: Optional[str], key: str,
@@ -90,7 +52,7 @@ def resolve_kind(strategy: str, declared: Optional[str], key: str,
     declared = declared if declared is not None else extra_kinds.get(strategy)
     if declared is not None and declared not in ENGINE_KINDS:
         raise FieldValueError(
-            f"{FIELD}: the kind declared for engine {strategy!r} is {_show(declared)}; "
+            f"{FIELD}: the kind declared for engine {strategy!r} is {show(declared)}; "
             f"kinds are {', '.join(ENGINE_KINDS)}"
         )
     if builtin is not None:
@@ -112,22 +74,30 @@ def resolve_kind(strategy: str, declared: Optional[str], key: str,
 
 @dataclass(frozen=True)
 class Engine:
-    """One training or inference engine, reduced to what the policy reads."""
+    """One training or inference engine, reduced to what the policy reads.
+
+    ``checks`` names the checks (``rules.CHECKS``) that the framework driving
+    a Megatron engine runs on it, whose asserts turn some rows from a matter
+    of speed into a matter of the job starting.
+    """
 
     strategy: str
     kind: str
     tensor_parallel: int = 1
     context_parallel: int = 1
+    expert_parallel: int = 1
     megatron_fsdp: bool = False
     torch_fsdp2: bool = False
     moe_overlap: bool = False
+    checks: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", tuple(sorted(set(self.checks))))
         # Only Megatron's stream use depends on these; dropping them for other
         # kinds keeps the compact form minimal and round trips exact.
         if self.kind != MEGATRON:
-            for name in _ENGINE_KEYS[2:]:
-                object.__setattr__(self, name, _DEFAULTS[name])
+            for name in MEGATRON_SETTINGS:
+                object.__setattr__(self, name, ENGINE_DEFAULTS[name])
 
     @property
     def model_parallel(self) -> bool:
@@ -145,57 +115,113 @@ class Engine:
         if self.kind != MEGATRON:
             return self.strategy if not self.declared else f"{self.strategy} ({self.kind})"
         words = [self.strategy, f"TP={self.tensor_parallel}", f"CP={self.context_parallel}"]
+        if self.expert_parallel > 1:
+            words.append(f"EP={self.expert_parallel}")
         if self.megatron_fsdp:
             words.append("Megatron-FSDP")
         if self.torch_fsdp2:
             words.append("torch-FSDP2")
         if self.moe_overlap:
-            words.append("MoE-overlap")
+            words.append("MoE-A2A-overlap")
+        if self.checks:
+            words.append(f"checked by {'+'.join(self.checks)}")
         return " ".join(words)
 
     def to_field(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"strategy": self.strategy}
         if self.declared:
             out["kind"] = self.kind
-        for name in _ENGINE_KEYS[2:]:
-            if getattr(self, name) != _DEFAULTS[name]:
-                out[name] = getattr(self, name)
+        for name in MEGATRON_SETTINGS:
+            if getattr(self, name) != ENGINE_DEFAULTS[name]:
+                out[name] = list(self.checks) if name == "checks" else getattr(self, name)
         return out
 
 
-_DEFAULTS = {f.name: f.default for f in Engine.__dataclass_fields__.values()
-             if f.name not in ("strategy", "kind")}
+ENGINE_DEFAULTS = {f.name: f.default for f in fields(Engine) if f.name not in ("strategy", "kind")}
+MEGATRON_SETTINGS = tuple(ENGINE_DEFAULTS)
+SIZES = ("tensor_parallel", "context_parallel", "expert_parallel")
+FLAGS = ("megatron_fsdp", "torch_fsdp2", "moe_overlap")
+
+
+@dataclass(frozen=True)
+class ProcessRule:
+    """How to recognise the worker processes of some roles: a variable the
+    framework itself puts in those workers' ``env_vars``, and the prefix its
+    value starts with."""
+
+    roles: Tuple[str, ...]
+    variable: str
+    prefix: str
+
+    def matches(self, env_vars: Mapping[str, Any]) -> bool:
+        value = env_vars.get(self.variable)
+        return isinstance(value, str) and value.startswith(self.prefix)
+
+    def describe(self) -> str:
+        return f"{self.variable}={self.prefix}*"
+
+    def to_field(self) -> Dict[str, Any]:
+        return {"roles": list(self.roles), "variable": self.variable, "prefix": self.prefix}
 
 
 @dataclass(frozen=True)
 class Spec:
-    """The engines in scope for one runtime env, keyed by role."""
+    """The engines in scope for one runtime env, keyed by role.
+
+    ``omitted`` names roles a config lists but its framework never creates,
+    with why. ``processes`` classify a worker by its own ``env_vars`` so that
+    one job-level env gives each process kind its own decision; ``others``
+    are the roles of a worker no rule matches (``None``: every role).
+    ``replaces`` is a value the framework itself writes into every worker's
+    ``env_vars`` (AReaL's blanket "1"): there it is not the user's intent, so
+    the agent decides anew instead of keeping it as explicit.
+    """
 
     engines: Tuple[Tuple[str, Engine], ...] = field(default=())
+    framework: Optional[str] = None
+    omitted: Tuple[Tuple[str, str], ...] = ()
+    processes: Tuple[ProcessRule, ...] = ()
+    others: Optional[Tuple[str, ...]] = None
+    replaces: Optional[str] = None
 
     @classmethod
-    def of(cls, engines: Mapping[str, Engine]) -> "Spec":
-        return cls(tuple(sorted(engines.items())))
+    def of(cls, engines: Mapping[str, Engine], **kw: Any) -> "Spec":
+        kw["omitted"] = tuple(sorted(dict(kw.get("omitted", ())).items()))
+        return cls(tuple(sorted(engines.items())), **kw)
 
     def roles(self) -> Tuple[str, ...]:
         return tuple(role for role, _ in self.engines)
 
     def to_field(self) -> Dict[str, Any]:
         """The compact, JSON-ready form for ``runtime_env["megatron_env"]``."""
-        return {
+        out: Dict[str, Any] = {
             "version": FORMAT_VERSION,
             "engines": {role: engine.to_field() for role, engine in self.engines},
         }
+        if self.framework is not None:
+            out["framework"] = self.framework
+        if self.omitted:
+            out["omitted"] = dict(self.omitted)
+        if self.processes:
+            out["processes"] = [rule.to_field() for rule in self.processes]
+        if self.others is not None:
+            out["others"] = list(self.others)
+        if self.replaces is not None:
+            out["replaces"] = self.replaces
+        return out
 
     def narrow(self, roles: Roles, known_roles: Iterable[str] = ()) -> "Spec":
-        """Keep only the given roles' engines (``None`` keeps all)."""
+        """Keep only the given roles' engines (``None`` keeps all). A runtime
+        env for named roles serves only their processes, so it carries no
+        process rules."""
         if roles is None:
             return self
         wanted = (roles,) if isinstance(roles, str) else tuple(roles)
         if not wanted:
             raise FieldValueError(f"{FIELD}: role must name at least one role")
         present = dict(self.engines)
-        valid = set(known_roles) | set(present)
+        omitted = dict(self.omitted)
+        valid = set(known_roles) | set(present) | set(omitted)
         for role in wanted:
             if not isinstance(role, str):
                 raise fail_type("role", "a role name", role)
@@ -203,62 +229,34 @@ class Spec:
                 raise FieldValueError(
                     f"{FIELD}: unknown role {role!r}; roles: {', '.join(sorted(valid))}"
                 )
+            if role in omitted:
+                raise FieldValueError(
+                    f"{FIELD}: role {role!r} is never started by "
+                    f"{self.framework or 'the framework'} with this config ({omitted[role]})"
+                )
             if role not in present:
                 raise FieldValueError(
                     f"{FIELD}: role {role!r} has no engine in this config (absent, "
                     f"disabled with enable: false, or with no strategy or engine name set); roles "
                     f"with engines: {', '.join(self.roles()) or 'none'}"
                 )
-        return Spec.of({role: present[role] for role in wanted})
+        return Spec.of({role: present[role] for role in wanted}, framework=self.framework,
+                       replaces=self.replaces)
 
-
-def read_canonical(value: Mapping[str, Any]) -> Spec:
-    """Parse the compact form: ``{"version": 1, "engines": {role: engine}}``."""
-    unknown = sorted(str(k) for k in value if k not in _TOP_KEYS)
-    if unknown:
-        raise FieldValueError(
-            f"{FIELD}: unknown key(s) {', '.join(map(repr, unknown))} in the compact "
-            f"form; allowed: {', '.join(_TOP_KEYS)}"
-        )
-    version = value.get("version", FORMAT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise fail_type("version", "an integer", version)
-    if version != FORMAT_VERSION:
-        raise FieldValueError(
-            f"{FIELD}: format version {version} is not supported by this "
-            f"ray-megatron-env (it reads version {FORMAT_VERSION}); install the same "
-            "ray-megatron-env version on the driver and on every node"
-        )
-    engines = value.get("engines")
-    if not isinstance(engines, Mapping):
-        raise fail_type("engines", "a mapping of role -> engine", engines)
-    if len(engines) > MAX_ENGINES:
-        raise FieldValueError(f"{FIELD}: engines has {len(engines)} roles; at most {MAX_ENGINES}")
-    parsed = {}
-    for role, raw in engines.items():
-        read_name(role, "engines (a role name)")
-        parsed[role] = read_canonical_engine(raw, f"engines.{role}")
-    return Spec.of(parsed)
-
-
-def read_canonical_engine(raw: Any, key: str) -> Engine:
-    if not isinstance(raw, Mapping):
-        raise fail_type(key, "a mapping with at least 'strategy'", raw)
-    unknown = sorted(str(k) for k in raw if k not in _ENGINE_KEYS)
-    if unknown:
-        raise FieldValueError(
-            f"{FIELD}: unknown key(s) {', '.join(map(repr, unknown))} in {key}; "
-            f"allowed: {', '.join(_ENGINE_KEYS)}"
-        )
-    if "strategy" not in raw:
-        raise FieldValueError(f"{FIELD}: {key}.strategy is missing")
-    strategy = read_name(raw["strategy"], f"{key}.strategy")
-    declared = raw.get("kind")
-    if declared is not None:
-        declared = read_name(declared, f"{key}.kind")
-    kind = resolve_kind(strategy, declared, f"{key}.strategy", {})
-    sizes = {name: read_size(raw[name], f"{key}.{name}")
-             for name in ("tensor_parallel", "context_parallel") if name in raw}
-    flags = {name: read_flag(raw[name], f"{key}.{name}")
-             for name in ("megatron_fsdp", "torch_fsdp2", "moe_overlap") if name in raw}
-    return Engine(strategy, kind, **sizes, **flags)
+    def for_process(self, env_vars: Mapping[str, Any]) -> Tuple["Spec", Optional[str]]:
+        """The spec for one worker, classified by its own ``env_vars``, and
+        words that say how it was recognised (``None``: not classified)."""
+        if not self.processes:
+            return self, None
+        present = dict(self.engines)
+        for rule in self.processes:
+            if rule.matches(env_vars):
+                roles = [r for r in rule.roles if r in present]
+                return (Spec.of({r: present[r] for r in roles}, framework=self.framework,
+                                replaces=self.replaces),
+                        f"{', '.join(rule.roles)} process ({rule.describe()})")
+        if self.others is None:
+            return self, None
+        return (Spec.of({r: present[r] for r in self.others if r in present},
+                        framework=self.framework, replaces=self.replaces),
+                f"{', '.join(self.others) or 'no engine'} process (no process rule matched)")

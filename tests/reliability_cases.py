@@ -79,7 +79,7 @@ BAD_INPUTS: Tuple[BadInput, ...] = (
     BadInput("field-empty", "an empty mapping", field({}), FieldValueError,
              "neither the compact form"),
     BadInput("field-unrelated", "a mapping that is neither layout", field({"trainer": {"nnodes": 2}}),
-             FieldValueError, "its top-level keys: trainer"),
+             FieldValueError, "top-level keys: trainer"),
     BadInput("field-nan", "NaN inside the value", field({**GOOD, "x": float("nan")}),
              FieldValueError, "not valid JSON"),
     BadInput("field-set", "a non-JSON value (a set)", field({**GOOD, "x": {1, 2}}),
@@ -96,8 +96,8 @@ BAD_INPUTS: Tuple[BadInput, ...] = (
              field({**GOOD, "env_vars": {"PATH": "/tmp"}}), FieldValueError, "'env_vars'"),
     BadInput("compact-version-str", "version as a string", field({**GOOD, "version": "1"}),
              FieldTypeError, "version must be an integer"),
-    BadInput("compact-version-new", "a newer format version", field({**GOOD, "version": 2}),
-             FieldValueError, "format version 2 is not supported"),
+    BadInput("compact-version-new", "a newer format version", field({**GOOD, "version": 3}),
+             FieldValueError, "format version 3 is not supported"),
     BadInput("compact-version-bool", "version as a boolean", field({**GOOD, "version": True}),
              FieldTypeError, "version must be an integer"),
     BadInput("compact-engines-list", "engines is a list", field({"engines": ["megatron"]}),
@@ -208,9 +208,19 @@ class Fault:
 
 
 FAULTS: Tuple[Fault, ...] = (
-    Fault("NVML library missing (no NVIDIA driver)", "no GPU on that node; nothing set",
-          "nothing", ("test_probe.py::test_library_not_found_means_no_gpu_and_skips_nvidia_smi",
-                      "test_plugin_cluster.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe")),
+    Fault("NVML library cannot be loaded", "nvidia-smi is asked, then the kernel driver's "
+          "device listing (/proc/driver/nvidia/gpus): NVIDIA devices there make the node "
+          "'unknown' (conservative rule, reason recorded), /dev/kfd names an AMD node; only when "
+          "every source says none is the node 'no GPU'", "nothing",
+          ("test_probe.py::test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked",
+           "test_probe.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
+           "test_probe.py::test_an_amd_node_is_named_as_such",
+           "test_probe.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
+           "test_plugin_cluster.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe")),
+    Fault("an NVML call hangs in the driver", "given up after 3 s (unknown, conservative, "
+          "reason recorded); the stuck call is never waited on again; nvidia-smi still asked",
+          "nothing",
+          ("test_probe.py::test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice",)),
     Fault("NVML init error (driver not loaded, version mismatch)",
           "nvidia-smi is tried; if it fails too, the GPUs are 'unknown', the conservative rule "
           "applies and the decision's probe.error and warnings say why", "nothing",

@@ -52,7 +52,8 @@ def test_explain_prints_value_reason_and_rules(capsys):
     assert code == OK
     assert out.startswith("CUDA_DEVICE_MAX_CONNECTIONS: 1  (source: policy; requirement: 1)")
     assert "actor: megatron TP=2 CP=1 -> megatron-model-parallel (1)" in out
-    assert "source: Megatron-LM arguments.py" in out
+    assert "preferred: keeps tensor/context-parallel collectives ahead of compute" in out
+    assert "source: Megatron-LM megatron/training/arguments.py, validate_args" in out
 
 
 @pytest.mark.parametrize("gpus,value", [("9.0,9.0", "1"), ("10.0", None), ("none", None),
@@ -74,7 +75,9 @@ def test_explain_matches_the_python_api(capsys):
 def test_explain_explicit_value(capsys):
     _, out, _ = run(capsys, "explain", FSDP_YAML, "--gpus", "9.0", "--explicit", "1", "--json")
     data = json.loads(out)
-    assert (data["value"], data["source"], data["satisfied"]) == ("1", "explicit", False)
+    # FSDP's "not 1" is a preference: kept, satisfied, but never silent.
+    assert (data["value"], data["source"], data["satisfied"]) == ("1", "explicit", True)
+    assert "breaks a preferred rule of actor (asks not 1)" in data["warnings"][0]
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -44,7 +44,7 @@ def test_a_broken_install_fails_workers_not_the_node(cluster):
 def test_an_old_install_refuses_a_newer_format_clearly(cluster):
     with pytest.raises(RuntimeEnvSetupError) as info:
         on(cluster, "old_install", build_runtime_env(MEGATRON_TP2))
-    assert "format version 1 is not supported by this ray-megatron-env (it reads version 0)" \
+    assert "format version 2 is not supported by this ray-megatron-env (it reads versions 1)" \
         in str(info.value)
     assert "install the same ray-megatron-env version on the driver and on every node" \
         in str(info.value)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import pynvml
 import pytest
 
 from ray_megatron_env.gpus import NodeGpus
-from ray_megatron_env.probe import (FAKE_VARIABLE, METHOD_VARIABLE, ProbeCache,
+from ray_megatron_env.probe import (FAKE_VARIABLE, METHOD_VARIABLE, ROOT_VARIABLE, ProbeCache,
                                     probe_gpus)
 
 FAKE_SMI = [str(Path(__file__).parent / "fakes" / "nvidia-smi")]
@@ -117,14 +118,31 @@ class Exploding:
         raise RuntimeError(f"no attribute today: {name}")
 
 
+EMPTY_ROOT = tempfile.mkdtemp(prefix="rme-empty-root-")  # no device listings at all
+
+
 def probe(nvml, *, smi=NO_SMI, timeout=2.0, fake=None, method=None, visible=None,
-          **env) -> NodeGpus:
+          root=EMPTY_ROOT, nvml_timeout=2.0, **env) -> NodeGpus:
     """probe_gpus with an explicit environment built from the keywords."""
     for name, value in ((FAKE_VARIABLE, fake), (METHOD_VARIABLE, method),
-                        ("CUDA_VISIBLE_DEVICES", visible)):
+                        ("CUDA_VISIBLE_DEVICES", visible), (ROOT_VARIABLE, root)):
         if value is not None:
-            env[name] = value
-    return probe_gpus(env, nvml=nvml, smi_command=smi, smi_timeout_s=timeout)
+            env[name] = str(value)
+    return probe_gpus(env, nvml=nvml, smi_command=smi, smi_timeout_s=timeout,
+                      nvml_timeout_s=nvml_timeout)
+
+
+def device_root(tmp_path, nvidia=(), amd=False):
+    """A folder laid out like / for the listings: NVIDIA devices by PCI bus id,
+    and /dev/kfd for an AMD GPU driver."""
+    for bus in nvidia:
+        (tmp_path / "proc/driver/nvidia/gpus" / bus).mkdir(parents=True)
+        (tmp_path / "proc/driver/nvidia/gpus" / bus / "information").write_text(
+            "Model: \t NVIDIA H100 80GB HBM3\n")
+    if amd:
+        (tmp_path / "dev").mkdir()
+        (tmp_path / "dev/kfd").write_text("")
+    return tmp_path
 
 
 @pytest.fixture
@@ -256,13 +274,70 @@ def test_nvml_visible_devices_error_does_not_fall_back(smi):
     assert "nvidia-smi" not in result.error
 
 
-def test_library_not_found_means_no_gpu_and_skips_nvidia_smi():
-    nvml = FakeNvml(fail={"nvmlInit": pynvml.NVMLError_LibraryNotFound()})
-    result = probe(nvml, smi=NO_SMI)  # trying it would give "cannot run ..."
-    assert result.capabilities == ()
-    assert result.is_known and result.error is None
-    assert result.method == "nvml"
-    assert "library not found" in result.detail.lower()
+NO_LIBRARY = {"nvmlInit": pynvml.NVMLError_LibraryNotFound()}
+
+
+def test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked(smi):
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=smi("ok"))
+    assert result.capabilities == ((8, 0), (9, 0))
+    assert result.method == "nvidia-smi" and result.error is None
+
+
+def test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu():
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI)
+    assert result.capabilities == () and result.vendor is None and result.is_known
+    assert result.method == "listing"
+    assert "libnvidia-ml" in result.detail and "not installed" in result.detail
+
+
+def test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free(tmp_path):
+    root = device_root(tmp_path, nvidia=["0000:18:00.0", "0000:2a:00.0"])
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=root)
+    assert_unknown(result, "listing", "2 NVIDIA device(s)", "0000:18:00.0",
+                   "compute capability is unreadable", "libnvidia-ml")
+
+
+def test_an_amd_node_is_named_as_such(tmp_path):
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=device_root(tmp_path, amd=True))
+    assert result.vendor == "amd" and result.capabilities == () and result.is_known
+    assert "dev/kfd" in result.detail
+
+
+def test_a_failing_backend_with_no_listing_stays_unknown():
+    # NVML loaded but failed: that is no evidence the node has no GPU.
+    nvml = FakeNvml(fail={"nvmlInit": pynvml.NVMLError_DriverNotLoaded()})
+    assert_unknown(probe(nvml, smi=NO_SMI), "listing", "a probe failed", "nvmlInit failed")
+
+
+def test_a_device_root_that_is_not_a_folder_names_the_variable(tmp_path):
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path / "nowhere")
+    assert_unknown(result, "listing", ROOT_VARIABLE, "is not a folder")
+
+
+class HangingNvml(FakeNvml):
+    def __init__(self, release: threading.Event):
+        super().__init__()
+        self.release = release
+
+    def nvmlInit(self):
+        self._call("nvmlInit")
+        self.release.wait(30)
+
+
+def test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice(smi):
+    release = threading.Event()
+    try:
+        started = time.monotonic()
+        first = probe(HangingNvml(release), smi=NO_SMI, nvml_timeout=0.5)
+        assert time.monotonic() - started < 3
+        assert_unknown(first, "listing", "NVML did not answer within 0.5 s")
+        # The stuck call is not waited on again, and nvidia-smi still answers.
+        started = time.monotonic()
+        second = probe(HangingNvml(release), smi=smi("ok"), nvml_timeout=5)
+        assert time.monotonic() - started < 3
+        assert second.capabilities == ((8, 0), (9, 0))
+    finally:
+        release.set()
 
 
 def test_nvml_init_error_falls_back_to_nvidia_smi(smi):
@@ -283,7 +358,7 @@ def test_nvml_device_error_falls_back_to_nvidia_smi(smi):
 def test_both_backends_failing_reports_both_errors(smi):
     nvml = FakeNvml(fail={"nvmlDeviceGetCudaComputeCapability": pynvml.NVMLError_GpuIsLost()})
     result = probe(nvml, smi=smi("failed"))
-    assert_unknown(result, "nvidia-smi", "nvml: NVML device query failed: GPU is lost",
+    assert_unknown(result, "listing", "nvml: NVML device query failed: GPU is lost",
                    "nvidia-smi: ", "exited with 9")
 
 
@@ -406,7 +481,7 @@ def test_hung_nvidia_smi_is_killed_with_its_children(smi, monkeypatch):
 
 def test_nvidia_smi_not_found():
     result = probe(Untouchable(), smi=NO_SMI, method="nvidia-smi")
-    assert_unknown(result, "nvidia-smi", f"cannot run {NO_SMI[0]}")
+    assert_unknown(result, "nvidia-smi", f"{NO_SMI[0]} is not installed")
 
 
 def test_nvidia_smi_not_executable(tmp_path):

@@ -10,7 +10,7 @@ from configs import ACTOR, ACTOR_TP, FSDP_YAML, MEGATRON_YAML, plain, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 
-EXPECTED = {"version": 1, "engines": {
+EXPECTED = {"version": 2, "engines": {
     "actor": {"strategy": "megatron", "tensor_parallel": 2},
     "critic": {"strategy": "megatron"},
     "ref": {"strategy": "megatron", "tensor_parallel": 2},

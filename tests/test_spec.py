@@ -36,14 +36,17 @@ def test_compact_form_round_trips_exactly():
 def test_defaults_are_left_out_and_non_megatron_settings_dropped():
     spec = parse_field({"engines": {"a": {"strategy": "megatron", "tensor_parallel": 1},
                                     "b": {"strategy": "fsdp", "tensor_parallel": 8}}})
-    assert spec.to_field() == {"version": 1, "engines": {"a": {"strategy": "megatron"},
+    assert spec.to_field() == {"version": 2, "engines": {"a": {"strategy": "megatron"},
                                                          "b": {"strategy": "fsdp"}}}
 
 
 def test_version_is_optional_but_a_newer_one_is_refused_with_advice():
     assert parse_field({"engines": {}}) == Spec()
-    with pytest.raises(FieldValueError, match="version 2 is not supported.*same ray-megatron-env"):
-        parse_field({"version": 2, "engines": {}})
+    assert parse_field({"version": 1, "engines": {}}) == Spec()
+    with pytest.raises(FieldValueError, match="version 3 is not supported.*same ray-megatron-env"):
+        parse_field({"version": 3, "engines": {}})
+    with pytest.raises(FieldValueError, match="'omitted'.*version 1"):
+        parse_field({"version": 1, "engines": {}, "omitted": {"critic": "not created"}})
 
 
 @pytest.mark.parametrize("value,error,words", [

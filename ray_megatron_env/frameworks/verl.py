@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .errors import FieldValueError
-from .rules import ENGINE_KINDS, MEGATRON
-from .spec import FIELD, Engine, Spec, fail_type, read_flag, read_name, read_size, resolve_kind
+from ..errors import FieldValueError
+from ..rules import ENGINE_KINDS, MEGATRON
+from ..spec import Engine, Spec, resolve_kind
+from ..values import FIELD, fail_type, read_flag, read_name, read_size
+from . import Reader
 
 # (role, where its section lives, the key naming its engine). The newer
 # ``reward.reward_model`` comes before the older top-level ``reward_model``:
@@ -26,7 +28,6 @@ SECTIONS: Tuple[Tuple[str, str, str], ...] = (
     ("reward_model", "reward_model", "strategy"),
 )
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
-ROOTS = ("actor_rollout_ref", "critic", "reward", "reward_model")
 DECLARATIONS = "megatron_env"  # optional top-level section: {engine_kinds: {name: kind}}
 
 _MEGATRON_KEYS = (
@@ -48,10 +49,6 @@ PATHS: Tuple[str, ...] = (DECLARATIONS,) + tuple(
     for _, section, name_key in SECTIONS
     for key in ("enable", name_key, "rollout.name", *(k for _, k, _ in _MEGATRON_KEYS))
 )
-
-
-def looks_like_verl(value: Mapping[str, Any]) -> bool:
-    return any(root in value for root in ROOTS)
 
 
 def read_verl(config: Mapping[str, Any]) -> Spec:
@@ -144,3 +141,13 @@ def _read_section(config: Mapping[str, Any], path: str, name_key: str,
         if found and not (value is None and reader is read_flag):
             settings[name] = reader(value, f"{path}.{key}")
     return Engine(strategy, kind, **settings)
+
+
+READER = Reader(
+    name="verl",
+    markers=("actor_rollout_ref", "critic.strategy", "reward_model.strategy",
+             "reward.reward_model"),
+    read=read_verl,
+    roles=ROLES,
+    paths=PATHS,
+)

@@ -1,0 +1,135 @@
+"""Framework readers, and the registry that says which one a config is for.
+
+Each reader turns one framework's own config layout into a ``Spec``. A
+config is read by the compact form when it has ``engines`` or ``version``;
+otherwise by the one reader whose marker keys it has. None, or more than
+one, is an error that names each reader's markers and the keys that
+decided, so a misspelt key is pointed out rather than guessed around.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+from ..errors import FieldValueError
+from ..spec import Spec
+from ..values import FIELD, fail_type
+from .compact import is_compact, read_compact
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One framework's layout: how to recognise it and how to read it."""
+
+    name: str
+    markers: Tuple[str, ...]  # dotted paths; any one present says "this layout"
+    read: Callable[[Mapping[str, Any]], Spec]
+    roles: Tuple[str, ...]  # every role name the layout can have
+    paths: Tuple[str, ...]  # every dotted path it reads (what a DictConfig must resolve)
+    # A config given as something other than a mapping (slime's argument
+    # list) -> a mapping, or None when it is not this framework's.
+    convert: Optional[Callable[[Any], Optional[Mapping[str, Any]]]] = None
+    # A YAML file whose layout composes several files (NeMo-RL's defaults:
+    # chain): (path, the file as loaded) -> the composed config, or None.
+    compose: Optional[Callable[[str, Any], Optional[Any]]] = None
+
+    def evidence(self, config: Mapping[str, Any]) -> Tuple[str, ...]:
+        return tuple(marker for marker in self.markers if has_path(config, marker))
+
+
+def has_path(config: Mapping[str, Any], path: str) -> bool:
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def readers() -> Tuple[Reader, ...]:
+    from . import verl
+
+    return (verl.READER,)
+
+
+def reader_for(config: Mapping[str, Any]) -> Reader:
+    """The one reader whose layout ``config`` has, or an error saying why not."""
+    candidates = [(reader, reader.evidence(config)) for reader in readers()]
+    matched = [(reader, found) for reader, found in candidates if found]
+    if len(matched) == 1:
+        return matched[0][0]
+    if matched:
+        named = "; ".join(f"{reader.name} (it has {', '.join(found)})" for reader, found in matched)
+        raise FieldValueError(
+            f"{FIELD}: the config looks like more than one framework's layout: {named}. "
+            "Remove the keys of the framework it is not for, or pass the compact form"
+        )
+    keys = sorted(map(str, config))
+    hints = []
+    for reader, _ in candidates:
+        for marker in reader.markers:
+            root = marker.split(".")[0]
+            close = difflib.get_close_matches(root, keys, n=1, cutoff=0.75)
+            if close and close[0] != root:
+                hints.append(f"{close[0]!r} looks like {reader.name}'s {root!r}")
+    looked_for = "; ".join(f"{reader.name}: one of {', '.join(reader.markers)}"
+                           for reader, _ in candidates)
+    raise FieldValueError(
+        f"{FIELD}: the value is neither the compact form (with 'engines') nor a known "
+        f"framework's config. Looked for {looked_for}. Its top-level keys: "
+        f"{', '.join(keys[:8]) or 'none'}{'...' if len(keys) > 8 else ''}"
+        + (f". Misspelt? {'; '.join(dict.fromkeys(hints))}" if hints else "")
+    )
+
+
+def read_config(config: Mapping[str, Any]) -> Tuple[Spec, Tuple[str, ...]]:
+    """The spec of any accepted layout, and the role names that layout knows."""
+    if not isinstance(config, Mapping):
+        raise fail_type("the field", "a mapping (a framework's config or the compact form)",
+                        config)
+    if is_compact(config):
+        return read_compact(config), ()
+    reader = reader_for(config)
+    return reader.read(config), reader.roles
+
+
+def to_mapping(config: Any) -> Any:
+    """A config given as an ``argparse.Namespace`` or an argument list, as the
+    mapping its reader reads; anything else is returned as it is."""
+    if isinstance(config, argparse.Namespace):
+        return vars(config)
+    if isinstance(config, (list, tuple)) and all(isinstance(arg, str) for arg in config):
+        for reader in readers():
+            if reader.convert is not None:
+                mapping = reader.convert(config)
+                if mapping is not None:
+                    return mapping
+        raise FieldValueError(
+            f"{FIELD}: a list is read only as a framework's command-line arguments ("
+            + ", ".join(r.name for r in readers() if r.convert is not None)
+            + "), and this one is not")
+    return config
+
+
+def compose_yaml(path: str, loaded: Any) -> Any:
+    """A YAML file as its framework composes it (NeMo-RL follows defaults:)."""
+    for reader in readers():
+        if reader.compose is not None:
+            composed = reader.compose(path, loaded)
+            if composed is not None:
+                return composed
+    return loaded
+
+
+def all_paths() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(markers, paths): what any reader detects by, and what it reads; what a
+    DictConfig must resolve (markers only need to be present)."""
+    markers: list = []
+    paths: list = []
+    for reader in readers():
+        markers += reader.markers
+        paths += reader.paths
+    return tuple(dict.fromkeys(markers)), tuple(dict.fromkeys(paths))

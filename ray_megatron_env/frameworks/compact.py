@@ -1,0 +1,145 @@
+"""The compact form: ``{"version": 2, "engines": {role: engine}, ...}``.
+
+What the driver helper ships for every framework, and what a user of any
+other framework writes by hand (docs/field.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ..errors import FieldValueError
+from ..spec import (
+    FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec, read_checks,
+    read_note,
+    resolve_kind,
+)
+from ..values import FIELD, fail_type, parse_connections, read_flag, read_name, read_size
+
+NAME = "compact"
+MAX_ENGINES = 64
+MAX_PROCESS_RULES = 16
+ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks")
+TOP_KEYS = ("version", "framework", "engines", "omitted", "processes", "others", "replaces")
+_RULE_KEYS = ("roles", "variable", "prefix")
+
+
+def is_compact(value: Mapping[str, Any]) -> bool:
+    return "engines" in value or "version" in value
+
+
+def _unknown(keys: Any, allowed: Tuple[str, ...], where: str) -> None:
+    unknown = sorted(str(k) for k in keys if k not in allowed)
+    if unknown:
+        raise FieldValueError(
+            f"{FIELD}: unknown key(s) {', '.join(map(repr, unknown))} in {where}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+
+
+def read_compact(value: Mapping[str, Any]) -> Spec:
+    _unknown(value, TOP_KEYS, "the compact form")
+    version = value.get("version", FORMAT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise fail_type("version", "an integer", version)
+    if version not in READABLE_VERSIONS:
+        raise FieldValueError(
+            f"{FIELD}: format version {version} is not supported by this "
+            f"ray-megatron-env (it reads versions {', '.join(map(str, READABLE_VERSIONS))}); "
+            "install the same ray-megatron-env version on the driver and on every node"
+        )
+    if version == 1:
+        _unknown(value, ("version", "engines"), "the compact form, version 1")
+    engines = value.get("engines")
+    if not isinstance(engines, Mapping):
+        raise fail_type("engines", "a mapping of role -> engine", engines)
+    if len(engines) > MAX_ENGINES:
+        raise FieldValueError(f"{FIELD}: engines has {len(engines)} roles; at most {MAX_ENGINES}")
+    parsed = {}
+    for role, raw in engines.items():
+        read_name(role, "engines (a role name)")
+        parsed[role] = read_compact_engine(raw, f"engines.{role}")
+    framework = value.get("framework")
+    if framework is not None:
+        framework = read_name(framework, "framework")
+    return Spec.of(parsed, framework=framework,
+                   omitted=_read_omitted(value.get("omitted"), parsed),
+                   processes=_read_processes(value.get("processes"), parsed),
+                   others=_read_roles(value.get("others"), "others", parsed),
+                   replaces=_read_replaces(value.get("replaces")))
+
+
+def _read_replaces(raw: Any) -> Optional[str]:
+    if raw is None:
+        return None
+    parse_connections(raw, "replaces")
+    return raw
+
+
+def read_compact_engine(raw: Any, key: str) -> Engine:
+    if not isinstance(raw, Mapping):
+        raise fail_type(key, "a mapping with at least 'strategy'", raw)
+    _unknown(raw, ENGINE_KEYS, key)
+    if "strategy" not in raw:
+        raise FieldValueError(f"{FIELD}: {key}.strategy is missing")
+    strategy = read_name(raw["strategy"], f"{key}.strategy")
+    declared = raw.get("kind")
+    if declared is not None:
+        declared = read_name(declared, f"{key}.kind")
+    kind = resolve_kind(strategy, declared, f"{key}.strategy", {})
+    sizes = {name: read_size(raw[name], f"{key}.{name}") for name in SIZES if name in raw}
+    flags = {name: read_flag(raw[name], f"{key}.{name}") for name in FLAGS if name in raw}
+    checks = read_checks(raw["checks"], f"{key}.checks") if "checks" in raw else ()
+    return Engine(strategy, kind, **sizes, **flags, checks=checks)
+
+
+def _read_omitted(raw: Any, engines: Mapping[str, Engine]) -> Dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise fail_type("omitted", "a mapping of role -> why it is not created", raw)
+    if len(raw) > MAX_ENGINES:
+        raise FieldValueError(f"{FIELD}: omitted has {len(raw)} roles; at most {MAX_ENGINES}")
+    out = {}
+    for role, why in raw.items():
+        read_name(role, "omitted (a role name)")
+        if role in engines:
+            raise FieldValueError(f"{FIELD}: role {role!r} is both in engines and in omitted")
+        out[role] = read_note(why, f"omitted.{role}")
+    return out
+
+
+def _read_roles(raw: Any, key: str, engines: Mapping[str, Engine]) -> Optional[Tuple[str, ...]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_ENGINES:
+        raise fail_type(key, f"a list of at most {MAX_ENGINES} role names", raw)
+    roles = tuple(read_name(role, f"{key}[{i}]") for i, role in enumerate(raw))
+    missing = [role for role in roles if role not in engines]
+    if missing:
+        raise FieldValueError(f"{FIELD}: {key} names role(s) without an engine: "
+                              f"{', '.join(missing)}")
+    return roles
+
+
+def _read_processes(raw: Any, engines: Mapping[str, Engine]) -> Tuple[ProcessRule, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_PROCESS_RULES:
+        raise fail_type("processes", f"a list of at most {MAX_PROCESS_RULES} process rules",
+                        raw)
+    rules = []
+    for i, rule in enumerate(raw):
+        key = f"processes[{i}]"
+        if not isinstance(rule, Mapping):
+            raise fail_type(key, "a mapping with roles, variable and prefix", rule)
+        _unknown(rule, _RULE_KEYS, key)
+        missing = [k for k in _RULE_KEYS if k not in rule]
+        if missing:
+            raise FieldValueError(f"{FIELD}: {key} lacks {', '.join(missing)}")
+        roles = _read_roles(rule["roles"], f"{key}.roles", engines)
+        if not roles:
+            raise FieldValueError(f"{FIELD}: {key}.roles must name at least one role")
+        rules.append(ProcessRule(roles, read_name(rule["variable"], f"{key}.variable"),
+                                 read_name(rule["prefix"], f"{key}.prefix")))
+    return tuple(rules)

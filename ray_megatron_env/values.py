@@ -1,0 +1,86 @@
+"""Checked reading of one value from a config, with the key in every error.
+
+Every framework reader and the compact form read sizes, flags and names
+through these, so a bad value gets the same message whichever layout it
+came in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import FieldTypeError, FieldValueError
+from .rules import CUDA_RANGE
+
+FIELD = "megatron_env"
+MAX_PARALLEL_SIZE = 65536
+
+# Names end up in the worker's environment (inside the decision's JSON) and
+# in log lines, so they are restricted to characters that cannot expand,
+# quote or break anything there.
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_DECIMAL = re.compile(r"^[0-9]{1,3}$")
+
+
+def fail_type(key: str, expected: str, value: Any) -> FieldTypeError:
+    return FieldTypeError(
+        f"{FIELD}: {key} must be {expected}, got {show(value)} ({type(value).__name__})"
+    )
+
+
+def show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _reject_interpolation(value: Any, key: str) -> None:
+    if isinstance(value, str) and "${" in value:
+        raise FieldValueError(
+            f"{FIELD}: {key} is an unresolved interpolation {show(value)}; resolve "
+            "the config on the driver (build_runtime_env does; or "
+            "OmegaConf.to_container(cfg, resolve=True)): the agent never resolves"
+        )
+
+
+def read_name(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise fail_type(key, "a string", value)
+    _reject_interpolation(value, key)
+    if not _NAME.match(value):
+        raise FieldValueError(
+            f"{FIELD}: {key} {show(value)} is not a valid name (a letter, then up "
+            "to 63 letters, digits, '_', '.' or '-')"
+        )
+    return value
+
+
+def read_size(value: Any, key: str) -> int:
+    _reject_interpolation(value, key)
+    # bool is an int in Python; 'true' as a parallel size is a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail_type(key, f"an integer from 1 to {MAX_PARALLEL_SIZE}", value)
+    if not 1 <= value <= MAX_PARALLEL_SIZE:
+        raise FieldValueError(
+            f"{FIELD}: {key} must be an integer from 1 to {MAX_PARALLEL_SIZE}, got {value}"
+        )
+    return value
+
+
+def read_flag(value: Any, key: str) -> bool:
+    _reject_interpolation(value, key)
+    if not isinstance(value, bool):
+        raise fail_type(key, "true or false", value)
+    return value
+
+
+def parse_connections(value: Any, key: str) -> int:
+    """A CUDA_DEVICE_MAX_CONNECTIONS value set by the user: '1'..'32'."""
+    if not isinstance(value, str):
+        raise fail_type(key, "a string of an integer from 1 to 32", value)
+    if not _DECIMAL.match(value) or int(value) not in CUDA_RANGE:
+        raise FieldValueError(
+            f"{FIELD}: {key} is {value!r}; CUDA accepts an integer from "
+            f"{CUDA_RANGE.start} to {CUDA_RANGE.stop - 1}"
+        )
+    return int(value)
