@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, MutableMapping, Optional
 
-from .decision import DECISION_VARIABLE, EXPLICIT, Decision, decide
+from .decision import DECISION_VARIABLE, EXPLICIT, Decision, decide_for_worker
 from .field import explicit_value, parse_field
 from .gpus import NodeGpus
 from .probe import ProbeCache
@@ -41,17 +41,13 @@ class NodeAgent:
         which is where a framework marks its process kinds; the spec's
         process rules classify the worker from them.
         """
-        spec, process = parse_field(runtime_env.get(FIELD)).for_process(env_vars)
-        explicit = explicit_value(env_vars)
-        replaced = explicit is not None and explicit == spec.replaces
-        decision = decide(spec, self.cache.get(), explicit=None if replaced else explicit,
-                          inherited=node_environ.get(VARIABLE), process=process,
-                          replaced=explicit if replaced else None)
+        decision = decide_for_worker(parse_field(runtime_env.get(FIELD)), self.cache.get(),
+                                     env_vars, inherited=node_environ.get(VARIABLE))
         if decision.source != EXPLICIT:
             if decision.value is not None:
                 env_vars[VARIABLE] = decision.value
-            elif replaced:
-                del env_vars[VARIABLE]
+            else:  # a framework's blanket value, decided anew as "unset"
+                env_vars.pop(VARIABLE, None)
         env_vars[DECISION_VARIABLE] = decision.to_json()
         log_decision(logger, decision)
         return decision

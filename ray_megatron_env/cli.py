@@ -27,6 +27,17 @@ def _roles(values: Optional[List[str]]) -> Any:
     return roles[0] if len(roles) == 1 else roles
 
 
+def _worker_env(pairs: Optional[List[str]]) -> dict:
+    """--worker-env WG_PREFIX=rollout_standalone_0 (repeatable) -> a dict."""
+    env = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise MegatronEnvError(f"--worker-env takes NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
 def _shown(value: Optional[str]) -> str:
     return "unset" if value is None else value
 
@@ -106,7 +117,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .rules import RULES
 
     decision = explain(args.config, args.gpus, role=_roles(args.role),
-                       explicit=args.explicit, node_value=args.node_value)
+                       explicit=args.explicit, node_value=args.node_value,
+                       worker_env=_worker_env(args.worker_env))
     # A required rule that the value breaks fails here as it would on the node.
     code = OK if decision.satisfied else PROBLEM
     if args.json:
@@ -223,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--explicit", metavar="N", help="an env_vars value in the runtime env")
     explain.add_argument("--node-value", metavar="N",
                          help="a value inherited from the node's environment")
+    explain.add_argument("--worker-env", action="append", metavar="NAME=VALUE",
+                         help="a variable in the worker's own env_vars, by which the framework's "
+                              "process kinds are told apart (e.g. WG_PREFIX=rollout_standalone_0 "
+                              "for verl); repeatable. Without it: a trainer worker")
     explain.add_argument("--json", action="store_true", help="one JSON object")
     explain.set_defaults(run=cmd_explain)
 

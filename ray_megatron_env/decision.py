@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import __version__
-from .field import parse_connections
+from .field import explicit_value, parse_connections
 from .gpus import NodeGpus
 from .policy import Verdict, evaluate
 from .rules import NOTHING, VARIABLE
@@ -93,7 +93,8 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
     if not gpus.is_known:
         warnings.insert(0, f"the GPU probe ({gpus.method}) could not read the GPUs' compute "
                            f"capability, so the node was treated as pre-Blackwell: {gpus.error}")
-    reason = f"{verdict.reason}; {outcome}."
+    left_out = "".join(f"; {role}: {why}" for role, why in spec.omitted)
+    reason = f"{verdict.reason}{left_out}; {outcome}."
     if process:
         reason = f"{process}: {reason}"
     return Decision(
@@ -115,6 +116,18 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
         probe={"method": gpus.method, "error": gpus.error, "detail": gpus.detail,
                "vendor": gpus.vendor, "probed_at": gpus.probed_at, "pid": gpus.probe_pid},
     )
+
+
+def decide_for_worker(spec: Spec, gpus: NodeGpus, env_vars: Mapping[str, Any], *,
+                      inherited: Optional[str] = None) -> Decision:
+    """The decision for one worker: classified by its own ``env_vars`` (the
+    spec's process rules), with the explicit value found there, unless it is
+    the framework's own blanket value (``Spec.replaces``), decided anew."""
+    spec, process = spec.for_process(env_vars)
+    explicit = explicit_value(env_vars)
+    replaced = explicit if explicit is not None and explicit == spec.replaces else None
+    return decide(spec, gpus, explicit=None if replaced else explicit, inherited=inherited,
+                  process=process, replaced=replaced)
 
 
 def _conflict_warnings(verdict: Verdict) -> List[str]:

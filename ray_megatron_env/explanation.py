@@ -6,11 +6,10 @@ instead of probed, so ``explain`` and a node with those GPUs agree.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
-from .decision import Decision, decide
+from .decision import Decision, decide_for_worker
 from .errors import FieldValueError
-from .field import explicit_value
 from .gpus import NodeGpus, parse_capability
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, load_spec
@@ -19,11 +18,14 @@ from .values import FIELD
 
 
 def parse_gpu_list(gpus: Union[str, Sequence[str]]) -> NodeGpus:
-    """'9.0,9.0,10.0' (or a list of such) -> NodeGpus; 'none' or '' -> no GPU."""
+    """'9.0,9.0,10.0' (or a list of such) -> NodeGpus; 'none' or '' -> no GPU;
+    'amd' -> a node with AMD GPUs (ROCm)."""
     items = gpus.split(",") if isinstance(gpus, str) else list(gpus)
     items = [item.strip() for item in items if item.strip()]
     if [item.lower() for item in items] in ([], ["none"]):
         return NodeGpus.known((), "given")
+    if [item.lower() for item in items] == ["amd"]:
+        return NodeGpus.other("amd", "given")
     try:
         return NodeGpus.known([parse_capability(item) for item in items], "given")
     except ValueError as exc:
@@ -31,13 +33,19 @@ def parse_gpu_list(gpus: Union[str, Sequence[str]]) -> NodeGpus:
 
 
 def explain(config: ConfigLike, gpus: Union[str, Sequence[str]], *, role: Roles = None,
-            explicit: Optional[str] = None, node_value: Optional[str] = None) -> Decision:
-    """The decision a node with ``gpus`` would make for ``config``.
+            explicit: Optional[str] = None, node_value: Optional[str] = None,
+            worker_env: Optional[Mapping[str, str]] = None) -> Decision:
+    """The decision a node with ``gpus`` would make for a worker of ``config``.
 
     ``explicit`` is an ``env_vars`` value in the runtime env; ``node_value``
-    one inherited from the node's environment.
+    one inherited from the node's environment; ``worker_env`` the worker's
+    own ``env_vars`` (``{"WG_PREFIX": "rollout_standalone_0"}``), by which a
+    framework's process kinds are told apart. Without it, the worker is one
+    no process rule matches, as a trainer's own workers are.
     """
     spec, known_roles = load_spec(config)
-    env_vars = {VARIABLE: explicit} if explicit is not None else None
-    return decide(spec.narrow(role, known_roles), parse_gpu_list(gpus),
-                  explicit=explicit_value(env_vars), inherited=node_value)
+    env_vars = dict(worker_env or {})
+    if explicit is not None:
+        env_vars[VARIABLE] = explicit
+    return decide_for_worker(spec.narrow(role, known_roles), parse_gpu_list(gpus), env_vars,
+                             inherited=node_value)

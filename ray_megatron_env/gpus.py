@@ -70,6 +70,8 @@ class NodeGpus:
     def labels(self) -> Optional[list]:
         if self.capabilities is None:
             return None
+        if self.vendor is not None:
+            return [self.vendor]
         return [format_capability(c) for c in self.capabilities]
 
     def describe(self) -> str:

@@ -155,6 +155,8 @@ def _bounded(call: Callable[[], NodeGpus], timeout_s: float) -> NodeGpus:
 def _from_fake(text: str) -> NodeGpus:
     if text.lower() == "none":
         return NodeGpus.known((), "fake", detail=f"{FAKE_VARIABLE}=none")
+    if text.lower() == "amd":
+        return NodeGpus.other("amd", "fake", detail=f"{FAKE_VARIABLE}=amd")
     try:
         capabilities = [parse_capability(part) for part in text.split(",")]
     except ValueError as exc:

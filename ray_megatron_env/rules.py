@@ -29,6 +29,9 @@ ENGINE_KINDS = (MEGATRON, FSDP, INFERENCE)
 # declared with its kind (see docs/field.md), never guessed.
 KNOWN_STRATEGIES: Dict[str, str] = {
     "megatron": MEGATRON,
+    # Megatron-Lite: TransformerEngine tensor-parallel layers and its own
+    # context parallelism (Megatron-LM experimental/lite).
+    "mlite": MEGATRON,
     "fsdp": FSDP,
     "fsdp2": FSDP,
     "fsdp_turbo": FSDP,

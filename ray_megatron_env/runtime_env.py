@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 from .errors import FieldValueError
 from .field import explicit_value, read_field
 from .frameworks import all_paths, compose_yaml, to_mapping
+from .policy import hard_conflict_everywhere
 from .rules import VARIABLE
 from .spec import Roles, Spec
 from .values import FIELD, fail_type
@@ -54,8 +55,20 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     if take_over:
         _take_over(env, plain)
     explicit_value(env.get("env_vars"))
-    env[FIELD] = spec.narrow(role, known_roles).to_field()
+    spec = spec.narrow(role, known_roles)
+    _refuse_a_conflict_on_every_gpu(spec)
+    env[FIELD] = spec.to_field()
     return env
+
+
+def _refuse_a_conflict_on_every_gpu(spec: Spec) -> None:
+    """Required rules that cannot all hold on any GPU would fail the job on
+    every node: say so now. A conflict on some GPU classes only is left to
+    each node (a Blackwell-only cluster may run what a Hopper node cannot)."""
+    for part in spec.partitions():
+        verdict = hard_conflict_everywhere(part)
+        if verdict is not None:
+            raise FieldValueError(f"{FIELD}: on every GPU: {verdict.reason}")
 
 
 def load_spec(config: ConfigLike) -> Tuple[Spec, Tuple[str, ...]]:

@@ -253,10 +253,20 @@ class Spec:
             if rule.matches(env_vars):
                 roles = [r for r in rule.roles if r in present]
                 return (Spec.of({r: present[r] for r in roles}, framework=self.framework,
-                                replaces=self.replaces),
+                                omitted=self.omitted, replaces=self.replaces),
                         f"{', '.join(rule.roles)} process ({rule.describe()})")
         if self.others is None:
             return self, None
         return (Spec.of({r: present[r] for r in self.others if r in present},
-                        framework=self.framework, replaces=self.replaces),
-                f"{', '.join(self.others) or 'no engine'} process (no process rule matched)")
+                        framework=self.framework, omitted=self.omitted,
+                        replaces=self.replaces),
+                f"{', '.join(self.others) or 'no engine'} worker (no process rule matched "
+                "its env_vars)")
+
+    def partitions(self) -> Tuple["Spec", ...]:
+        """The spec of each kind of process the field tells apart (one when
+        it tells none apart): what one worker can be decided for."""
+        if not self.processes:
+            return (self,)
+        kinds = [self.for_process({rule.variable: rule.prefix})[0] for rule in self.processes]
+        return tuple(kinds) + (self.for_process({})[0],)

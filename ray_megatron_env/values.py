@@ -21,6 +21,7 @@ MAX_PARALLEL_SIZE = 65536
 # quote or break anything there.
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 _DECIMAL = re.compile(r"^[0-9]{1,3}$")
+_TOKEN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def fail_type(key: str, expected: str, value: Any) -> FieldTypeError:
@@ -52,6 +53,18 @@ def read_name(value: Any, key: str) -> str:
             f"{FIELD}: {key} {show(value)} is not a valid name (a letter, then up "
             "to 63 letters, digits, '_', '.' or '-')"
         )
+    return value
+
+
+def read_token(value: Any, key: str) -> str:
+    """A value to compare with (an env var's prefix): like a name, but may
+    start with a digit."""
+    if not isinstance(value, str):
+        raise fail_type(key, "a string", value)
+    _reject_interpolation(value, key)
+    if not _TOKEN.match(value):
+        raise FieldValueError(f"{FIELD}: {key} {show(value)} must be 1 to 64 letters, digits, "
+                              "'_', '.' or '-'")
     return value
 
 

@@ -36,4 +36,5 @@ MEGATRON_FSDP = (f"{ACTOR}.megatron.use_megatron_fsdp=true",
 REF_ONLY = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp", "actor_rollout_ref.ref.strategy=megatron")
 REWARD_MODEL_ONLY = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp",
                      "reward_model.enable=true", "reward_model.strategy=megatron",
-                     "reward_model.megatron.tensor_model_parallel_size=4")
+                     "reward_model.megatron.tensor_model_parallel_size=4",
+                     "reward_model.megatron.context_parallel_size=1")

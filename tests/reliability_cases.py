@@ -23,7 +23,8 @@ def verl_actor(**actor: Any) -> Dict[str, Any]:
 
 
 def megatron(**megatron: Any) -> Dict[str, Any]:
-    return verl_actor(megatron=megatron)
+    sizes = {"tensor_model_parallel_size": 1, "context_parallel_size": 1}
+    return verl_actor(megatron={**sizes, **megatron})
 
 
 def engine(**keys: Any) -> Dict[str, Any]:
@@ -169,6 +170,9 @@ BAD_INPUTS: Tuple[BadInput, ...] = (
              "tensor_model_parallel_size must be an integer from 1"),
     BadInput("verl-cp-huge", "context_parallel_size 2**40", field(megatron(context_parallel_size=2**40)),
              FieldValueError, "context_parallel_size must be an integer from 1 to 65536"),
+    BadInput("verl-no-sizes", "a Megatron actor without its parallel sizes",
+             field(verl_actor()), FieldValueError,
+             "has no actor_rollout_ref.actor.megatron.tensor_model_parallel_size; looked for"),
     BadInput("verl-fsdp-str", "use_megatron_fsdp 'true'", field(megatron(use_megatron_fsdp="true")),
              FieldTypeError, "use_megatron_fsdp must be true or false"),
     BadInput("verl-enable-str", "critic.enable 'false'",

@@ -66,10 +66,16 @@ def test_explain_json_is_one_object(capsys, gpus, value):
     assert sorted(data["engines"]) == ["actor", "ref"]
 
 
-def test_explain_matches_the_python_api(capsys):
+def test_explain_json_replaces_an_inherited_1_for_fsdp(capsys):
+    # Golden: every FSDP-style and inference engine asks "not 1" (preferred),
+    # so the node's 1 is replaced by CUDA's default.
     _, out, _ = run(capsys, "explain", FSDP_YAML, "--gpus", "9.0", "--node-value", "1", "--json")
-    assert json.loads(out) == explain(FSDP_YAML, "9.0", node_value="1").to_dict()
-    assert json.loads(out)["value"] == "8"
+    data = json.loads(out)
+    assert (data["value"], data["source"], data["node_value"]) == ("8", "policy", "1")
+    # A worker without verl's rollout markers is a trainer worker: the
+    # rollout runs in its own processes (see --worker-env).
+    assert data["rules"] == {"actor": "fsdp-style", "critic": "fsdp-style", "ref": "fsdp-style"}
+    assert set(data["strengths"].values()) == {"preferred"} and data["satisfied"]
 
 
 def test_explain_explicit_value(capsys):
@@ -213,3 +219,22 @@ def test_tp_override_shows_in_explain(capsys, tmp_path):
                                                         "tensor_model_parallel_size: 1"))
     _, out, _ = run(capsys, "explain", config, "--gpus", "9.0", "--role", "actor", "--json")
     assert json.loads(out)["value"] is None
+
+
+def test_explain_worker_env_classifies_the_process(capsys):
+    # Golden: verl_megatron.yaml on 9.0; a standalone rollout worker group
+    # (WG_PREFIX rollout_standalone_0) runs vLLM only: "not 1", nothing set;
+    # the trainer's own workers run Megatron TP=2: 1.
+    _, out, _ = run(capsys, "explain", MEGATRON_YAML, "--gpus", "9.0", "--json",
+                    "--worker-env", "WG_PREFIX=rollout_standalone_0")
+    rollout = json.loads(out)
+    assert (rollout["value"], list(rollout["engines"])) == (None, ["rollout"])
+    assert "WG_PREFIX=rollout_standalone_*" in rollout["process"]
+    _, out, _ = run(capsys, "explain", MEGATRON_YAML, "--gpus", "9.0", "--json",
+                    "--worker-env", "WG_PREFIX=x1y2z3")
+    assert json.loads(out)["value"] == "1"
+
+
+def test_explain_worker_env_must_be_name_equals_value(capsys):
+    code, _, err = run(capsys, "explain", MEGATRON_YAML, "--gpus", "9.0", "--worker-env", "WG")
+    assert code == BAD_INPUT and "--worker-env takes NAME=VALUE" in err

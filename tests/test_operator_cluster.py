@@ -64,12 +64,21 @@ def test_check_cluster_api_from_a_connected_driver(cluster):
         cluster.node_ids[name] for name in PROBE_FAILS | {"unplugged"}}
 
 
-def test_check_flags_an_explicit_value_that_breaks_a_requirement(cluster):
-    env = build_runtime_env(verl(*MEGATRON_FSDP), base={
-        "env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
-    report, = observe([(cluster.node_ids["a100"], "-")], env)
+def test_check_flags_an_explicit_value_that_breaks_a_required_rule(cluster):
+    # Megatron-FSDP under a framework that runs Megatron-LM's argument check
+    # (slime): "not 1" is required, so an explicit 1 is a problem.
+    checked = {"engines": {"actor": {"strategy": "megatron", "megatron_fsdp": True,
+                                     "checks": ["megatron-lm"]}}}
+    explicit_1 = {"env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+    report, = observe([(cluster.node_ids["a100"], "-")], build_runtime_env(checked, base=explicit_1))
     assert report.registered and not report.ok
-    assert "breaks the requirement" in report.problem()
+    assert "breaks a required rule" in report.problem()
+    assert "Megatron-LM's argument check (validate_args) asserts it" in report.problem()
+    # Under verl, which builds Megatron-Core directly, the same is a preference:
+    # the node is fine, and the warning still says so.
+    report, = observe([(cluster.node_ids["a100"], "-")],
+                      build_runtime_env(verl(*MEGATRON_FSDP), base=explicit_1))
+    assert report.ok and "breaks a preferred rule" in report.decision.warnings[0]
 
 
 EXPLAINED_NODES = ("cpu_head", "v100", "a100", "h100", "b200", "h100_b200",

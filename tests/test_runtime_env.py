@@ -10,12 +10,18 @@ from configs import ACTOR, ACTOR_TP, FSDP_YAML, MEGATRON_YAML, plain, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 
-EXPECTED = {"version": 2, "engines": {
+EXPECTED = {"version": 2, "framework": "verl", "engines": {
     "actor": {"strategy": "megatron", "tensor_parallel": 2},
     "critic": {"strategy": "megatron"},
     "ref": {"strategy": "megatron", "tensor_parallel": 2},
     "rollout": {"strategy": "vllm"},
-}}
+}, "processes": [
+    # verl/workers/rollout/replica.py names; verl's server actors' env_vars
+    {"roles": ["rollout"], "variable": "WG_PREFIX", "prefix": "rollout_standalone_"},
+    {"roles": ["rollout"], "variable": "WG_PREFIX", "prefix": "rollout_colocate_"},
+    {"roles": ["rollout"], "variable": "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
+     "prefix": "1"},
+], "others": ["actor", "ref", "critic"]}
 
 
 @pytest.mark.parametrize("config", [verl(), plain(), str(MEGATRON_YAML), MEGATRON_YAML])

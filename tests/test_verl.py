@@ -1,11 +1,16 @@
 """Reading verl's layout: which engines count, and the errors for bad ones."""
 
+from pathlib import Path
+
 import pytest
 
 from configs import ACTOR, ACTOR_TP, FSDP_YAML, REF_ONLY, REWARD_MODEL_ONLY, plain
+from ray_megatron_env.demo import load_example
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
+from ray_megatron_env.explanation import explain
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.rules import FSDP, INFERENCE, MEGATRON
+from ray_megatron_env.spec import Engine
 
 
 def engines(config):
@@ -40,13 +45,6 @@ def test_newer_reward_reward_model_wins_over_the_older_section():
     found = dict(parse_field(plain(*REWARD_MODEL_ONLY, "reward.reward_model.enable=true")).engines)
     assert found["reward_model"].strategy == "vllm"
     assert found["reward_model"].kind == INFERENCE
-
-
-def test_a_newer_reward_model_with_a_training_strategy():
-    found = dict(parse_field(plain("reward.reward_model.enable=true",
-                                   "+reward.reward_model.strategy=megatron",
-                                   "+reward.reward_model.megatron.context_parallel_size=2")).engines)
-    assert found["reward_model"].context_parallel == 2
 
 
 @pytest.mark.parametrize("override,role", [
@@ -126,3 +124,137 @@ def test_unresolved_interpolations_are_refused_not_resolved():
     raw = OmegaConf.to_container(verl(), resolve=False)
     with pytest.raises(FieldValueError, match="unresolved interpolation"):
         parse_field(raw)
+
+
+# --- verl's own choice of workers (verl/trainer/ppo/utils.py, 0.9.1) ----------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verl"
+GRPO_FSDP_ACTOR = (f"{ACTOR}.strategy=fsdp", "algorithm.adv_estimator=grpo",
+                   "critic.strategy=megatron", "critic.megatron.tensor_model_parallel_size=4")
+
+
+def test_a_critic_grpo_does_not_create_is_left_out_and_says_why():
+    spec = parse_field(plain(*GRPO_FSDP_ACTOR))
+    assert "critic" not in dict(spec.engines)
+    assert dict(spec.omitted)["critic"] == (
+        "not created: algorithm.adv_estimator is grpo, which needs no critic")
+
+
+def test_the_unused_megatron_critic_no_longer_forces_1():
+    # Golden: actor and ref FSDP ("not 1", preferred), rollout vLLM ("not 1"):
+    # on 9.0 nothing is set; before, the TP=4 critic made it 1 for everyone.
+    decision = explain(plain(*GRPO_FSDP_ACTOR), "9.0")
+    assert decision.value is None
+    assert "critic: not created: algorithm.adv_estimator is grpo" in decision.reason
+
+
+def test_asking_for_the_uncreated_critic_is_an_error_that_says_why():
+    with pytest.raises(FieldValueError, match="'critic' is never started by verl.*grpo"):
+        explain(plain(*GRPO_FSDP_ACTOR), "9.0", role="critic")
+
+
+@pytest.mark.parametrize("override,created", [
+    ("critic.enable=true", True),  # explicit enable wins over the estimator
+    ("critic.enable=null", False),  # null: the estimator (grpo) decides
+])
+def test_critic_enable_decides_before_the_estimator(override, created):
+    assert ("critic" in dict(parse_field(plain(*GRPO_FSDP_ACTOR, override)).engines)) == created
+
+
+REF_TP4 = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp", "actor_rollout_ref.ref.strategy=megatron",
+           "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4")
+
+
+@pytest.mark.parametrize("overrides,value", [
+    ((f"{ACTOR}.use_kl_loss=true",), "1"),  # KL loss: verl creates the ref, which needs 1
+    (("+algorithm.use_kl_in_reward=true", f"{ACTOR}.use_kl_loss=false"), "1"),  # KL in reward
+    ((f"{ACTOR}.use_kl_loss=false",), None),  # no KL term: no ref worker, FSDP only
+    ((f"{ACTOR}.use_kl_loss=true", "+actor_rollout_ref.model.lora.rank=16"), None),  # LoRA
+])
+def test_a_tp4_ref_counts_only_when_verl_creates_it(overrides, value):
+    decision = explain(plain(*REF_TP4, *overrides), "9.0")
+    assert decision.value == value, decision.reason
+
+
+def test_lora_says_the_actor_is_the_reference():
+    spec = parse_field(plain(*REF_TP4, f"{ACTOR}.use_kl_loss=true",
+                             "+actor_rollout_ref.model.lora.rank=16"))
+    assert "LoRA" in dict(spec.omitted)["ref"]
+
+
+def test_teachers_are_an_inference_role():
+    spec = parse_field(plain("+distillation.enabled=true",
+                             "+distillation.teacher_models.teacher_model.inference.name=sglang"))
+    assert dict(spec.engines)["teacher"] == Engine("sglang", INFERENCE)
+
+
+def test_enabled_distillation_without_a_teacher_engine_is_an_error():
+    with pytest.raises(FieldValueError, match="no teacher under distillation.teacher_models"):
+        parse_field(plain("+distillation.enabled=true", "+distillation.teacher_models={}"))
+
+
+# --- SFT on Ray and Megatron-Lite ---------------------------------------------
+
+@pytest.mark.parametrize("gpus,value", [("8.0", "1"), ("9.0", "1"), ("10.0", None),
+                                        ("9.0,10.0", "1"), ("none", None)])
+def test_sft_on_ray_megatron_tp2_cp2(gpus, value):
+    decision = explain(FIXTURES / "sft_megatron_tp2_cp2.yaml", gpus)
+    assert decision.value == value
+    assert decision.engines == {"trainer": "megatron TP=2 CP=2"}
+
+
+def test_sft_fsdp_replaces_an_inherited_1():
+    decision = explain(FIXTURES / "sft_fsdp.yaml", "9.0", node_value="1")
+    assert (decision.value, decision.engines) == ("8", {"trainer": "fsdp"})
+
+
+def test_sft_megatron_without_sizes_names_the_keys_looked_for():
+    with pytest.raises(FieldValueError, match="engine.tensor_model_parallel_size, "
+                                              "engine.context_parallel_size"):
+        parse_field({"engine": {"_target_": "verl.workers.config.McoreEngineConfig"}})
+
+
+def test_an_sft_engine_of_unknown_kind_is_an_error():
+    with pytest.raises(FieldValueError, match="engine.strategy is not set"):
+        parse_field({"engine": {"_target_": "my.EngineConfig"}})
+
+
+def test_megatron_lite_cp8_with_fsdp2_reads_cp_and_is_an_fsdp2_engine():
+    # mlite with impl_cfg.optimizer fsdp2 shards with torch FSDP2: the
+    # megatron-torch-fsdp2 row, "not 1"; nothing set on 9.0, an inherited 1 replaced.
+    decision = explain(FIXTURES / "grpo_mlite_cp8.yaml", "9.0", role="actor", node_value="1")
+    assert "CP=8" in decision.reason and "torch-FSDP2" in decision.reason
+    assert decision.rules == {"actor": "megatron-torch-fsdp2"}
+    assert decision.value == "8"
+
+
+def test_megatron_lite_with_its_default_optimizer_needs_1_before_blackwell():
+    config = load_example(FIXTURES / "grpo_mlite_cp8.yaml",
+                          "actor_rollout_ref.actor.engine.impl_cfg.optimizer=dist_opt")
+    assert explain(config, "9.0", role="actor").value == "1"
+    assert explain(config, "10.0", role="actor").value is None
+
+
+# --- per-process roles from one job-level env ---------------------------------
+
+def test_processes_are_recognised_from_what_verl_puts_in_their_env_vars():
+    spec = parse_field(plain("actor_rollout_ref.hybrid_engine=false"))
+    cases = {
+        "rollout_standalone_0": ("rollout",),  # replica.py init_standalone
+        "rollout_colocate_1": ("rollout",),
+        "a1b2c3": ("actor", "critic", "ref"),  # the trainer's random WG_PREFIX
+    }
+    for prefix, roles in cases.items():
+        narrowed, _ = spec.for_process({"WG_PREFIX": prefix})
+        assert narrowed.roles() == tuple(sorted(roles)), prefix
+    server, how = spec.for_process({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"})
+    assert server.roles() == ("rollout",) and "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES" in how
+
+
+def test_reward_and_teacher_worker_groups_are_not_taken_for_the_rollout():
+    spec = parse_field(plain("reward.reward_model.enable=true", "+distillation.enabled=true",
+                             "+distillation.teacher_models.t.inference.name=vllm"))
+    assert spec.for_process({"WG_PREFIX": "rollout_reward_standalone_0"})[0].roles() == (
+        "reward_model",)
+    assert spec.for_process({"WG_PREFIX": "rollout_teacher_colocate_0_t"})[0].roles() == (
+        "teacher",)

@@ -50,9 +50,9 @@ def has_path(config: Mapping[str, Any], path: str) -> bool:
 
 
 def readers() -> Tuple[Reader, ...]:
-    from . import verl
+    from . import areal, verl
 
-    return (verl.READER,)
+    return (verl.READER, verl.SFT_READER, areal.READER)
 
 
 def reader_for(config: Mapping[str, Any]) -> Reader:

@@ -14,7 +14,9 @@ from ..spec import (
     read_note,
     resolve_kind,
 )
-from ..values import FIELD, fail_type, parse_connections, read_flag, read_name, read_size
+from ..values import (
+    FIELD, fail_type, parse_connections, read_flag, read_name, read_size, read_token,
+)
 
 NAME = "compact"
 MAX_ENGINES = 64
@@ -141,5 +143,5 @@ def _read_processes(raw: Any, engines: Mapping[str, Engine]) -> Tuple[ProcessRul
         if not roles:
             raise FieldValueError(f"{FIELD}: {key}.roles must name at least one role")
         rules.append(ProcessRule(roles, read_name(rule["variable"], f"{key}.variable"),
-                                 read_name(rule["prefix"], f"{key}.prefix")))
+                                 read_token(rule["prefix"], f"{key}.prefix")))
     return tuple(rules)
