@@ -84,6 +84,17 @@ NODE_SETS: Dict[str, NodeSet] = {
     "registered": MIXED_NODES[:4],
     # Registration and install faults (built in a temp dir when first used).
     "faults": fault_nodes,
+    # What verl's RayResourcePool places on: GPUs and Ray's accelerator_type
+    # resources (logical only), behind a CPU-only head.
+    "verl": (
+        SimulatedNode("cpu_head", "none", cpus=2),
+        # Two trainer ranks on each; a one-rank rollout group beside them on H100.
+        *(SimulatedNode(name, gpus_seen, cpus=gpus, gpus=gpus,
+                        resources={f"accelerator_type:{accelerator}": 1})
+          for name, gpus_seen, gpus, accelerator in (("a100", "8.0", 2, "A100"),
+                                                     ("h100", "9.0,9.0", 3, "H100"),
+                                                     ("b200", "10.0", 2, "B200"))),
+    ),
 }
 
 
@@ -132,44 +143,47 @@ def no_cluster(cluster_pool) -> None:
 
 _RAY_PROCESS = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_monitor",
                 "default_worker", "monitor.py")
+# Every process this test session starts, and every process those start
+# (Ray's raylets hand their environment to agents and workers), carries this
+# variable with the session's own token: how the leak check tells our Ray
+# processes from another Ray job's on the same machine.
+SESSION_VARIABLE = "RAY_MEGATRON_ENV_TEST_SESSION"
 
 
-def _ray_processes_since(start_ticks: int) -> Dict[int, str]:
-    """Live (not zombie) Ray processes started after ``start_ticks``."""
+def our_ray_processes(token: str) -> Dict[int, str]:
+    """Live (not zombie) Ray processes whose environment carries ``token``."""
+    marker = f"{SESSION_VARIABLE}={token}".encode()
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                state = f.read().rsplit(")", 1)[1].split()[0]
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
         except OSError:
             continue
-        state, started = fields[0], int(fields[19])
-        if state != "Z" and started >= start_ticks and any(n in command for n in _RAY_PROCESS):
+        if state != "Z" and marker in environ and any(n in command for n in _RAY_PROCESS):
             found[int(entry)] = command[:120]
     return found
 
 
-def _now_ticks() -> int:
-    with open("/proc/self/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])
-
-
 def pytest_sessionstart(session):
-    session.config._rme_start_ticks = _now_ticks()
+    session.config._rme_token = f"{os.getpid()}-{time.time_ns()}"
+    os.environ[SESSION_VARIABLE] = session.config._rme_token
 
 
 def pytest_sessionfinish(session, exitstatus):
     # Every test cleans up the Ray processes it starts; fail the run if not.
-    start = getattr(session.config, "_rme_start_ticks", None)
-    if start is None:
+    token = getattr(session.config, "_rme_token", None)
+    if token is None:
         return
     deadline = time.monotonic() + 15
-    left = _ray_processes_since(start)
+    left = our_ray_processes(token)
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = _ray_processes_since(start)
+        left = our_ray_processes(token)
     if left:
         print("\nRay processes left behind by the tests:")
         for pid, command in left.items():

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import textwrap
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import MegatronEnvError
 
@@ -156,10 +156,16 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .rules import VARIABLE
     from .runtime_env import build_runtime_env, configured_value, load_yaml, to_plain
 
-    base = load_yaml(args.base) if args.base else None
-    config = to_plain(args.config)  # read once, for both uses below
+    if (args.config is None) == (args.command is None):
+        raise MegatronEnvError("give the training config, or the training command's arguments "
+                               "after -- (slime: ray-megatron-env runtime-env --json -- "
+                               "--tensor-model-parallel-size 2 ...), not both")
+    base = load_yaml(args.base) if args.base else _json_object(args.base_json)
+    # read once, for both uses below
+    config = to_plain(args.config if args.config is not None else args.command)
     env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over)
     deliberate = configured_value(config) if args.take_over else None
+    framework = env["megatron_env"].get("framework")
     if deliberate is not None:
         # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
         # applied by verl's driver in ray.init; a second copy in the job env
@@ -167,7 +173,7 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
         env["env_vars"].pop(VARIABLE, None)
         print(f"note: the config sets {VARIABLE}={deliberate} itself; verl's driver applies it "
               "as an explicit value, so the job env leaves it to the driver", file=sys.stderr)
-    elif args.take_over:
+    elif args.take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
         # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
         # value in ray.init; the hook takes that over too.
         env_vars = env.setdefault("env_vars", {})
@@ -183,6 +189,35 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(env, sort_keys=False).rstrip())
     return OK
+
+
+# Frameworks whose job driver adds no value of its own in ray.init (slime's
+# train.py never calls ray.init with a runtime env): the value in the job env
+# is all there is to take over, so the driver hook is not needed there.
+DRIVERS_WITHOUT_A_VALUE = ("slime",)
+
+
+def _json_object(text: Optional[str]) -> Optional[dict]:
+    """--base-json: a runtime env as ``ray job submit --runtime-env-json`` takes it."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise MegatronEnvError(f"--base-json is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise MegatronEnvError("--base-json must be a JSON object (a runtime env)")
+    return value
+
+
+def _split_command(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
+    """``runtime-env ... -- ARG...``: the training command's arguments are
+    everything after the first ``--``, verbatim (argparse would read a
+    leading ``--tensor-model-parallel-size`` there as the positional)."""
+    if argv[:1] != ["runtime-env"] or "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,27 +287,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     runtime_env = verbs.add_parser(
         "runtime-env", help="print a runtime env for `ray job submit --runtime-env`",
+        usage="%(prog)s [-h] [options] (CONFIG | -- ARG...)",
         description="Print a job runtime env (YAML, or JSON for --runtime-env-json) with the "
-                    "compact megatron_env field.")
-    runtime_env.add_argument("config", help="training config (verl YAML or compact form)")
+                    "compact megatron_env field. The config is a file, or, for a framework "
+                    "configured on its command line (slime), the arguments of its training "
+                    "command after --.",
+        epilog="slime: ray-megatron-env runtime-env --take-over --json --base-json "
+               "\"$RUNTIME_ENV_JSON\" -- \"${PERF_ARGS[@]}\" ... gives the JSON for "
+               "ray job submit --runtime-env-json, without the hard-coded value.")
+    runtime_env.add_argument("config", nargs="?",
+                             help="training config file (verl YAML, a JSON/YAML list of slime's "
+                                  "arguments, or the compact form)")
     role_option(runtime_env)
-    runtime_env.add_argument("--base", help="a runtime env YAML to start from, e.g. "
-                                            "verl/trainer/runtime_env.yaml")
+    base = runtime_env.add_mutually_exclusive_group()
+    base.add_argument("--base", help="a runtime env YAML (or JSON) file to start from, e.g. "
+                                     "verl/trainer/runtime_env.yaml")
+    base.add_argument("--base-json", metavar="JSON",
+                      help="a runtime env to start from, as JSON text (what a launch script "
+                           "passes to ray job submit --runtime-env-json)")
     runtime_env.add_argument("--take-over", action="store_true",
-                             help="remove a hard-coded CUDA_DEVICE_MAX_CONNECTIONS (from --base "
-                                  "and, through the driver hook, from the job's driver)")
+                             help="remove a hard-coded CUDA_DEVICE_MAX_CONNECTIONS (from the "
+                                  "base and, through the driver hook, from the job's driver)")
     runtime_env.add_argument("--json", action="store_true", help="JSON instead of YAML")
     runtime_env.set_defaults(run=cmd_runtime_env)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
-    except MegatronEnvError as exc:
-        print(f"ray-megatron-env {args.verb}: {exc}", file=sys.stderr)
-        return BAD_INPUT
+        argv, command = _split_command(list(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(argv)
+        args.command = command
+        try:
+            return args.run(args)
+        except MegatronEnvError as exc:
+            print(f"ray-megatron-env {args.verb}: {exc}", file=sys.stderr)
+            return BAD_INPUT
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:
+        # The reader went away (| head): nothing left to say to it, and
+        # Python's own final flush must not report it either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
 
 
 if __name__ == "__main__":  # pragma: no cover

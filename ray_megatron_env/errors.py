@@ -20,3 +20,7 @@ class FieldValueError(MegatronEnvError, ValueError):
 
 class RegistrationError(MegatronEnvError, ValueError):
     """RAY_RUNTIME_ENV_PLUGINS cannot be merged without losing something."""
+
+
+class EnvironmentVariableError(MegatronEnvError, ValueError):
+    """A RAY_MEGATRON_ENV_* variable this package reads has a value it cannot use."""

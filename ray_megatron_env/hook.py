@@ -24,8 +24,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
+from .errors import EnvironmentVariableError
 from .rules import VARIABLE
 from .values import FIELD
 
@@ -36,8 +37,37 @@ NEXT_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
 logger = logging.getLogger(__name__)
 
 
-def take_over_requested(environ=os.environ) -> bool:
-    return environ.get(TAKE_OVER_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+_YES = ("1", "true", "yes", "on")
+_NO = ("", "0", "false", "no", "off")
+
+
+def take_over_requested(environ: Mapping[str, str] = os.environ) -> bool:
+    text = environ.get(TAKE_OVER_VARIABLE, "").strip().lower()
+    if text not in _YES + _NO:
+        raise EnvironmentVariableError(
+            f"{TAKE_OVER_VARIABLE}={environ[TAKE_OVER_VARIABLE]!r}: use one of "
+            f"{', '.join(v for v in _YES + _NO if v)} (or leave it unset)")
+    return text in _YES
+
+
+def next_hook(environ: Mapping[str, str] = os.environ) -> Optional[Callable[[Any], Any]]:
+    """The hook named in RAY_MEGATRON_ENV_NEXT_HOOK ('module.function'), loaded."""
+    path = environ.get(NEXT_HOOK_VARIABLE, "").strip()
+    if not path:
+        return None
+    module, _, name = path.rpartition(".")
+    if not module or not name:
+        raise EnvironmentVariableError(
+            f"{NEXT_HOOK_VARIABLE}={path!r} must name a function as 'package.module.function'")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise EnvironmentVariableError(
+            f"{NEXT_HOOK_VARIABLE}={path!r} cannot be loaded: {type(exc).__name__}: {exc}"
+        ) from None
+    if not callable(found):
+        raise EnvironmentVariableError(f"{NEXT_HOOK_VARIABLE}={path!r} is not a function")
+    return found
 
 
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -52,8 +82,5 @@ def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str
             "%s=1 but the job's runtime env has no %s field: keeping the explicit %s=%s for "
             "every worker, since without the training config nothing can be decided per node",
             TAKE_OVER_VARIABLE, FIELD, VARIABLE, runtime_env["env_vars"][VARIABLE])
-    next_hook = os.environ.get(NEXT_HOOK_VARIABLE)
-    if next_hook:
-        module, _, name = next_hook.rpartition(".")
-        runtime_env = getattr(importlib.import_module(module), name)(runtime_env)
-    return runtime_env
+    then = next_hook()
+    return then(runtime_env) if then is not None else runtime_env

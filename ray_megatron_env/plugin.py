@@ -1,13 +1,18 @@
 """The Ray runtime-env plugin: ``runtime_env={"megatron_env": ...}``.
 
 Ray's runtime-env agent on each node imports this module at start-up and
-calls the plugin when a worker with the field starts there. Two facts
-shape it (see DESIGN.md):
+calls the plugin when a worker with the field starts there. Three facts
+shape it (docs/design.md):
 
 * A module that fails to import takes the agent, and the raylet with it,
   down: the node never joins. So this module imports only the standard
   library and Ray's base class; the rest of the package loads on first use,
   and a broken install then fails that worker with a clear message instead.
+* Ray's base class is private (``ray._private.runtime_env.plugin``) and Ray
+  refuses a plugin class that does not subclass it. Should a Ray release
+  move it, the class is taken from wherever the agent loaded it, so the node
+  still starts, and every ``megatron_env`` setup fails with the Ray version
+  and the tested range instead of running on untested plumbing.
 * An exception here is retried, cached on the node for ten minutes, and
   reported to the caller as ``RuntimeEnvSetupError``. So only bad user input
   raises; a probe problem is recorded in the decision and never raised.
@@ -21,18 +26,57 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, List
-
-from ray._private.runtime_env.plugin import RuntimeEnvPlugin
+import sys
+from typing import Any, List, Optional, Tuple
 
 CLASS_PATH = "ray_megatron_env.plugin.MegatronEnvPlugin"
+BASE_PATH = "ray._private.runtime_env.plugin.RuntimeEnvPlugin"
+# The Ray releases the test suite runs on (.ci/run); docs/operators.md.
+TESTED_RAY = ("2.41.0", "2.60.0")
 
 
 class BrokenInstallError(RuntimeError):
     """The package on this node cannot load its own modules."""
 
 
+class IncompatibleRayError(RuntimeError):
+    """This node's Ray does not offer the plugin interface this package uses."""
+
+
+def _find_base() -> Tuple[type, Optional[str]]:
+    """Ray's plugin base class, and why it is not where this package expects
+    it (None when it is)."""
+    try:
+        from ray._private.runtime_env.plugin import RuntimeEnvPlugin
+        return RuntimeEnvPlugin, None
+    except Exception as exc:  # any failure here must not stop the node
+        problem = f"{BASE_PATH} cannot be imported ({type(exc).__name__}: {exc})"
+    # The agent importing this module has loaded its base class already.
+    for name, module in list(sys.modules.items()):
+        found = getattr(module, "RuntimeEnvPlugin", None) if name.startswith("ray.") else None
+        if isinstance(found, type):
+            return found, problem
+    return object, problem
+
+
+_Base, _BASE_PROBLEM = _find_base()
+
+
+def _check_ray() -> None:
+    if _BASE_PROBLEM is not None:
+        try:
+            import ray
+            version = ray.__version__
+        except Exception:
+            version = "unknown"
+        raise IncompatibleRayError(
+            f"ray-megatron-env does not support this node's Ray {version}: {_BASE_PROBLEM}. "
+            f"Tested Ray releases: {' to '.join(TESTED_RAY)}; install one of them, or a "
+            "ray-megatron-env release that supports this Ray")
+
+
 def _core() -> Any:
+    _check_ray()
     try:
         from . import agent
     except Exception as exc:
@@ -44,7 +88,7 @@ def _core() -> Any:
     return agent
 
 
-class MegatronEnvPlugin(RuntimeEnvPlugin):
+class MegatronEnvPlugin(_Base):  # type: ignore[misc, valid-type]
     name = "megatron_env"
     # Runs after plugins with a smaller number, so a value they put in the
     # worker's env_vars counts as explicit rather than being overwritten.

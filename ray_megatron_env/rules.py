@@ -41,6 +41,7 @@ KNOWN_STRATEGIES: Dict[str, str] = {
     "vllm": INFERENCE,
     "sglang": INFERENCE,
     "trtllm": INFERENCE,
+    "dynamo": INFERENCE,  # NVIDIA Dynamo serving vLLM workers (NeMo-RL's backend)
     "hf": INFERENCE,
 }
 

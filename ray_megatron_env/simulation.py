@@ -29,6 +29,11 @@ class SimulatedNode:
     fake_gpus: str  # RAY_MEGATRON_ENV_FAKE_GPUS, e.g. "9.0,10.0" or "none"
     env: Dict[str, str] = field(default_factory=dict)
     plugin: bool = True  # whether this node's environment registers the plugin
+    # Logical Ray resources (no real device behind them), for frameworks that
+    # place work by GPU count or accelerator type.
+    cpus: int = 1
+    gpus: int = 0
+    resources: Dict[str, float] = field(default_factory=dict)
 
     @property
     def resource(self) -> str:
@@ -100,8 +105,9 @@ class SimulatedCluster:
     def add(self, node: SimulatedNode, **ray_params: object) -> None:
         """Add a node to the cluster (the first one added is the head)."""
         started = self._cluster.add_node(
-            num_cpus=1, resources={node.resource: 10_000}, object_store_memory=self._object_store,
-            env_vars=node.environment(), **ray_params)
+            num_cpus=node.cpus, num_gpus=node.gpus,
+            resources={node.resource: 10_000, **node.resources},
+            object_store_memory=self._object_store, env_vars=node.environment(), **ray_params)
         self.node_ids[node.name] = started.node_id
 
     def logs_dir(self) -> str:

@@ -238,3 +238,20 @@ def test_explain_worker_env_classifies_the_process(capsys):
 def test_explain_worker_env_must_be_name_equals_value(capsys):
     code, _, err = run(capsys, "explain", MEGATRON_YAML, "--gpus", "9.0", "--worker-env", "WG")
     assert code == BAD_INPUT and "--worker-env takes NAME=VALUE" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", str(MEGATRON_YAML), "--gpus", "9.0"],
+    ["explain", str(MEGATRON_YAML), "--gpus", "9.0", "--json"],
+    ["register", "--format", "kuberay"],
+    ["runtime-env", str(MEGATRON_YAML)],
+    ["--help"],
+])
+def test_every_verb_ends_quietly_when_its_output_pipe_closes(argv):
+    # The reader closes the pipe before anything is written, as `| head -0` does.
+    proc = subprocess.Popen([sys.executable, "-m", "ray_megatron_env", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == OK
+    assert err == ""

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from configs import MEGATRON_YAML, plain, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.errors import FieldValueError
+from ray_megatron_env.errors import EnvironmentVariableError
 from ray_megatron_env.hook import NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE, runtime_env_hook
 
 COMPACT = build_runtime_env(MEGATRON_YAML)["megatron_env"]
@@ -86,3 +87,26 @@ def chained(runtime_env):
 def test_another_hook_runs_after_this_one(monkeypatch):
     monkeypatch.setenv(NEXT_HOOK_VARIABLE, f"{__name__}.chained")
     assert runtime_env_hook({"megatron_env": COMPACT}) == {"megatron_env": COMPACT, "chained": True}
+
+
+@pytest.mark.parametrize("value,words", [
+    ("chained", "must name a function as 'package.module.function'"),
+    ("no_such_module_here.hook", "cannot be loaded: ModuleNotFoundError"),
+    (f"{__name__}.not_there", "cannot be loaded: AttributeError"),
+    (f"{__name__}.NOT_A_FUNCTION", "is not a function"),
+])
+def test_a_bad_next_hook_names_the_variable(monkeypatch, value, words):
+    monkeypatch.setenv(NEXT_HOOK_VARIABLE, value)
+    with pytest.raises(EnvironmentVariableError) as info:
+        runtime_env_hook({"env_vars": {}})
+    assert str(info.value).startswith(f"{NEXT_HOOK_VARIABLE}={value!r}")
+    assert words in str(info.value)
+
+
+NOT_A_FUNCTION = 3
+
+
+def test_a_bad_take_over_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv(TAKE_OVER_VARIABLE, "sure")
+    with pytest.raises(EnvironmentVariableError, match=f"{TAKE_OVER_VARIABLE}='sure': use one of"):
+        runtime_env_hook({"env_vars": {}})

@@ -49,3 +49,31 @@ def test_a_broken_install_fails_the_worker_not_the_import(tmp_path):
                          cwd=tmp_path, check=True).stdout
     assert out.startswith("BROKEN ray-megatron-env on this node cannot load")
     assert "reinstall" in out
+
+
+def test_a_ray_without_the_base_class_keeps_the_plugin_loadable_and_fails_setups():
+    # Ray moves its private base class: the agent has it loaded under another
+    # name. The plugin must still subclass it (Ray refuses a class that does
+    # not) and fail each megatron_env setup with the version and the range.
+    code = (
+        "import sys, types, ray\n"
+        "for module in [m for n, m in list(sys.modules.items()) if n.startswith('ray.')]:\n"
+        "    vars(module).pop('RuntimeEnvPlugin', None)\n"
+        "moved = types.ModuleType('ray._moved_plugin')\n"
+        "class RuntimeEnvPlugin: pass\n"
+        "moved.RuntimeEnvPlugin = RuntimeEnvPlugin\n"
+        "sys.modules['ray._moved_plugin'] = moved\n"
+        "sys.modules['ray._private.runtime_env.plugin'] = None  # import now fails\n"
+        "import ray_megatron_env.plugin as p\n"
+        "assert issubclass(p.MegatronEnvPlugin, RuntimeEnvPlugin)\n"
+        "try:\n    p.MegatronEnvPlugin.validate({'megatron_env': {}})\n"
+        "except p.IncompatibleRayError as e:\n    print('INCOMPATIBLE', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    import ray
+
+    assert out.startswith(f"INCOMPATIBLE ray-megatron-env does not support this node's Ray "
+                          f"{ray.__version__}")
+    assert "ray._private.runtime_env.plugin.RuntimeEnvPlugin cannot be imported" in out
+    assert "Tested Ray releases: 2.41.0 to 2.60.0" in out

@@ -50,9 +50,9 @@ def has_path(config: Mapping[str, Any], path: str) -> bool:
 
 
 def readers() -> Tuple[Reader, ...]:
-    from . import areal, verl
+    from . import areal, nemo_rl, slime, verl
 
-    return (verl.READER, verl.SFT_READER, areal.READER)
+    return (verl.READER, verl.SFT_READER, areal.READER, nemo_rl.READER, slime.READER)
 
 
 def reader_for(config: Mapping[str, Any]) -> Reader:
@@ -100,7 +100,11 @@ def to_mapping(config: Any) -> Any:
     """A config given as an ``argparse.Namespace`` or an argument list, as the
     mapping its reader reads; anything else is returned as it is."""
     if isinstance(config, argparse.Namespace):
-        return vars(config)
+        # A parsed namespace holds far more than any reader reads, some of it
+        # not JSON (slime's carries torch dtypes): keep the keys readers read.
+        markers, paths = all_paths()
+        wanted = {path.split(".")[0] for path in (*markers, *paths)}
+        return {key: value for key, value in vars(config).items() if key in wanted}
     if isinstance(config, (list, tuple)) and all(isinstance(arg, str) for arg in config):
         for reader in readers():
             if reader.convert is not None:

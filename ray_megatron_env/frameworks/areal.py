@@ -1,0 +1,414 @@
+"""Reading AReaL's experiment config layout into a ``Spec``.
+
+AReaL (inclusionAI/AReaL, read at 4aef98d8 and the PyPI 1.0.4 wheel) names
+each engine's backend and parallel layout in one string per engine:
+``actor.backend: "megatron:d2p2t2"``, ``rollout.backend: "sglang:d4t2"``;
+``critic``, ``ref`` and ``teacher`` sections have their own. The deprecated
+top-level ``allocation_mode`` (``"sglang:d4+megatron:d2t2"``) is still read
+by its legacy SPMD launchers. ``parse_backend`` and ``parse_allocation_mode``
+are a small, strict parser for that grammar (``ALLOCATION_GRAMMAR`` in
+areal/api/alloc_mode.py), kept to what the rules need: the backend, and TP,
+CP and EP. Neither AReaL nor lark is needed.
+
+AReaL writes CUDA_DEVICE_MAX_CONNECTIONS=1 into every worker's env_vars
+(``BASE_ENVIRONS``, areal/infra/utils/launcher.py:49), so that "1" is not
+the user's choice: the spec says ``replaces="1"`` unless the user's own
+config sets the variable in a ``scheduling_spec``'s ``env_vars``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..errors import FieldValueError
+from ..rules import FSDP, INFERENCE, MEGATRON, VARIABLE
+from ..spec import Engine, ProcessRule, Spec
+from ..values import (FIELD, MAX_PARALLEL_SIZE, fail_type, parse_connections, read_flag,
+                      read_name, show)
+from . import Reader
+
+FRAMEWORK = "areal"
+TRAIN_ROLES = ("actor", "critic", "ref", "teacher")
+ROLES = TRAIN_ROLES + ("rollout",)
+LEGACY = "allocation_mode"
+
+# Backend -> kind. Archon is AReaL's PyTorch-native engine modelled on
+# torchtitan: FSDP2 over a DeviceMesh, DTensor TP, Ulysses CP
+# (docs/en/tutorial/archon.md), so it uses streams as FSDP does.
+TRAIN_BACKENDS = {"megatron": MEGATRON, "fsdp": FSDP, "archon": FSDP}
+INFER_BACKENDS = {"sglang": INFERENCE, "vllm": INFERENCE}
+
+# Which dimension letters each part of the grammar takes.
+TRAIN_DIMS = "dtpce"
+ATTN_DIMS = "dtpc"
+FFN_DIMS = "dtpe"
+INFER_DIMS = "dtp"
+
+# The value AReaL itself puts in every worker's env_vars.
+AREAL_VALUE = "1"
+# AReaL's SPMD launchers mark their trainer processes (never the inference
+# servers) with this (areal/infra/launcher/ray.py:611; read by
+# areal/utils/environ.py is_single_controller).
+TRAINER_MARK = ("AREAL_SPMD_MODE", "1")
+
+# Where users give workers env vars: SchedulingSpec.env_vars
+# (areal/api/cli_args.py:986), in these places.
+SCHEDULING_SPECS = tuple(f"{role}.scheduling_spec" for role in ROLES) + (
+    "rollout.agent.scheduling_spec", "train_dataset.scheduling_spec",
+    "valid_dataset.scheduling_spec")
+
+_MEGATRON_FLAGS = (("megatron_fsdp", "megatron.use_custom_fsdp"),
+                   ("torch_fsdp2", "megatron.use_torch_fsdp2"))
+
+PATHS: Tuple[str, ...] = (LEGACY, "actor.kl_ctl") + tuple(
+    f"{role}.backend" for role in ROLES) + tuple(
+    f"{role}.{key}" for role in TRAIN_ROLES for _, key in _MEGATRON_FLAGS) + SCHEDULING_SPECS
+
+
+# --- The allocation grammar -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Allocation:
+    """One parsed component: ``megatron[actor]:d2t2`` and the like."""
+
+    backend: str
+    name: Optional[str]
+    sizes: Tuple[Tuple[str, int], ...]  # letter -> size; hybrid MoE: attn t/c, ffn e
+    text: str  # the component as written, for error messages
+
+    def size(self, letter: str) -> int:
+        return dict(self.sizes).get(letter, 1)
+
+    @property
+    def kind(self) -> str:
+        return {**TRAIN_BACKENDS, **INFER_BACKENDS}[self.backend]
+
+
+class _Scanner:
+    """A cursor over one allocation string; every error names key and text."""
+
+    def __init__(self, text: str, key: str) -> None:
+        self.text, self.key, self.pos = text, key, 0
+
+    def fail(self, what: str) -> FieldValueError:
+        return FieldValueError(
+            f"{FIELD}: {self.key} {show(self.text)} is not an AReaL allocation: {what} "
+            f"(at character {self.pos + 1}; e.g. 'megatron:d2p2t2', "
+            "'megatron:(attn:d2t2c1|ffn:e4t1)', 'sglang:d4t2')")
+
+    def skip(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+
+    def peek(self, pattern: str) -> Optional[str]:
+        self.skip()
+        found = re.compile(pattern).match(self.text, self.pos)
+        return found.group(0) if found else None
+
+    def take(self, pattern: str, what: str) -> str:
+        found = self.peek(pattern)
+        if found is None:
+            raise self.fail(f"expected {what}")
+        self.pos += len(found)
+        return found
+
+    def at_end(self) -> bool:
+        self.skip()
+        return self.pos == len(self.text)
+
+
+def _dims(scan: _Scanner, letters: str, section: str) -> Dict[str, int]:
+    """One or more ``<letter><size>``; a letter twice is ambiguous, so an error."""
+    sizes: Dict[str, int] = {}
+    while not sizes or scan.peek("[A-Za-z]") is not None:
+        letter = scan.peek("[A-Za-z]")
+        if letter is None or letter not in letters:
+            raise scan.fail(f"expected {section} dimension ({', '.join(letters)})"
+                            + (f", not {letter!r}" if letter else ""))
+        scan.pos += 1
+        number = scan.take(r"[1-9][0-9]*", f"a size from 1 after {letter!r}")
+        if letter in sizes:
+            raise scan.fail(f"{letter!r} is given twice")
+        if int(number) > MAX_PARALLEL_SIZE:
+            raise scan.fail(f"{letter}{number} is over {MAX_PARALLEL_SIZE}")
+        sizes[letter] = int(number)
+    return sizes
+
+
+def _single(scan: _Scanner) -> Allocation:
+    scan.skip()
+    start = scan.pos
+    backends = ", ".join([*TRAIN_BACKENDS, *INFER_BACKENDS])
+    word = scan.peek(r"[A-Za-z_][A-Za-z0-9_]*")
+    if word is None or re.fullmatch(f"(?:[{TRAIN_DIMS}][0-9]+)+", word):
+        raise scan.fail(f"it must start with a backend, one of {backends} (AReaL no "
+                        "longer accepts bare dimensions)")
+    if word not in TRAIN_BACKENDS and word not in INFER_BACKENDS:
+        raise scan.fail(f"unknown backend {word!r}; AReaL's are {backends}")
+    backend = scan.take(re.escape(word), word)
+    name = None
+    if scan.peek(r"\[") is not None:
+        scan.take(r"\[", "'['")
+        name = scan.take(r"[A-Za-z_][A-Za-z0-9_]*", "a name in brackets")
+        scan.take(r"\]", "']'")
+    scan.take(":", f"':' after {backend!r}")
+    training = backend in TRAIN_BACKENDS
+    if training and scan.peek(r"\(|attn(?![A-Za-z0-9_])") is not None:
+        if name is not None:
+            raise scan.fail("a named component cannot use the attn/ffn form")
+        sizes = _hybrid(scan)
+    else:
+        sizes = _dims(scan, TRAIN_DIMS if training else INFER_DIMS,
+                      "a training" if training else "an inference")
+    found = Allocation(backend, name, tuple(sorted(sizes.items())),
+                       scan.text[start:scan.pos].strip())
+    if backend == "fsdp" and (found.size("p") > 1 or found.size("e") > 1):
+        raise scan.fail("fsdp takes only d, t and c (AReaL rejects pipeline and expert "
+                        "parallelism for it)")
+    return found
+
+
+def _hybrid(scan: _Scanner) -> Dict[str, int]:
+    """``(attn:...|ffn:...)``: TP and CP come from attn, EP from ffn (ffn's t
+    is the expert tensor parallel size, which no rule reads)."""
+    opened = scan.peek(r"\(") is not None
+    if opened:
+        scan.take(r"\(", "'('")
+    scan.take("attn", "'attn'")
+    scan.take(":", "':' after 'attn'")
+    attn = _dims(scan, ATTN_DIMS, "an attn")
+    scan.take(r"\|", "'|ffn:' after the attn dimensions")
+    scan.take("ffn", "'ffn'")
+    scan.take(":", "':' after 'ffn'")
+    ffn = _dims(scan, FFN_DIMS, "an ffn")
+    if opened:
+        scan.take(r"\)", "')' closing '(attn:...|ffn:...'")
+    sizes = {k: v for k, v in attn.items() if k in "tc"}
+    if "e" in ffn:
+        sizes["e"] = ffn["e"]
+    return sizes
+
+
+def parse_backend(text: Any, key: str) -> Allocation:
+    """One engine's ``backend`` string (``ModelAllocation.from_str``)."""
+    scan = _start(text, key)
+    if "+" in text:
+        raise scan.fail("one engine's backend is a single component; '+' belongs only in "
+                        "the deprecated allocation_mode")
+    found = _single(scan)
+    if not scan.at_end():
+        raise scan.fail("unexpected text after the component")
+    return found
+
+
+def parse_allocation_mode(text: Any, key: str = LEGACY) -> List[Tuple[Allocation, bool]]:
+    """The legacy expression: components joined by '+' (separate GPUs), each
+    one or more joined by '|' (colocated). Returns (component, colocated)."""
+    scan = _start(text, key)
+    found: List[Tuple[Allocation, bool]] = []
+    while True:
+        found.append((_single(scan), False))
+        while scan.peek(r"\|") is not None:
+            scan.take(r"\|", "'|'")
+            found.append((_single(scan), True))
+        if scan.at_end():
+            return found
+        scan.take(r"\+", "'+', '|' or the end")
+
+
+def _start(text: Any, key: str) -> _Scanner:
+    if not isinstance(text, str):
+        raise fail_type(key, "an AReaL allocation string like 'megatron:d2t2'", text)
+    if "${" in text:
+        read_name(text, key)  # the unresolved-interpolation message
+    scan = _Scanner(text, key)
+    if scan.at_end():
+        raise scan.fail("it is empty")
+    return scan
+
+
+# --- The config layout -------------------------------------------------------------
+
+def _lookup(config: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
+    node: Any = config
+    walked: List[str] = []
+    for part in path.split("."):
+        if node is None:
+            return False, None
+        if not isinstance(node, Mapping):
+            raise fail_type(".".join(walked), "a mapping", node)
+        if part not in node:
+            return False, None
+        node = node[part]
+        walked.append(part)
+    return True, node
+
+
+def _engine(config: Mapping[str, Any], role: str, found: Allocation, key: str) -> Engine:
+    training = role in TRAIN_ROLES
+    if training and found.backend not in TRAIN_BACKENDS:
+        raise FieldValueError(f"{FIELD}: {key} {show(found.text)} names {found.backend!r}, "
+                              f"an inference backend; {role} takes one of "
+                              f"{', '.join(TRAIN_BACKENDS)}")
+    if not training and found.backend not in INFER_BACKENDS:
+        raise FieldValueError(f"{FIELD}: {key} {show(found.text)} names {found.backend!r}, "
+                              f"a training backend; {role} takes one of "
+                              f"{', '.join(INFER_BACKENDS)}")
+    if found.kind != MEGATRON:
+        return Engine(found.backend, found.kind)
+    flags = {}
+    for name, sub in _MEGATRON_FLAGS:
+        # Passed to mbridge's get_model / Bridge's provide_distributed_model
+        # (areal/models/mcore/registry.py:182-183, 265-266).
+        present, value = _lookup(config, f"{role}.{sub}")
+        if present and value is not None:
+            flags[name] = read_flag(value, f"{role}.{sub}")
+    # No check: AReaL builds Megatron-Core models through mbridge or
+    # Megatron-Bridge providers and never runs validate_args
+    # (areal/engine/megatron_engine.py), so every row is a preference.
+    return Engine(found.backend, found.kind, tensor_parallel=found.size("t"),
+                  context_parallel=found.size("c"), expert_parallel=found.size("e"), **flags)
+
+
+def _kl_ctl(config: Mapping[str, Any]) -> float:
+    present, value = _lookup(config, "actor.kl_ctl")
+    if not present or value is None:
+        return 0.1  # PPOActorConfig.kl_ctl's default (areal/api/cli_args.py:1458)
+    if isinstance(value, str) and "${" in value:
+        read_name(value, "actor.kl_ctl")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail_type("actor.kl_ctl", "a number", value)
+    return float(value)
+
+
+def _sections(config: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Role -> its section, for the roles AReaL creates (areal/trainer/
+    rl_trainer.py:170-188), and role -> why not, for sections it skips."""
+    sections, omitted = {}, {}
+    for role in ROLES:
+        present, section = _lookup(config, role)
+        if not present or section is None:
+            continue  # AReaL: ``config.critic is not None`` and the like
+        if not isinstance(section, Mapping):
+            raise fail_type(role, "a mapping (an AReaL engine section)", section)
+        sections[role] = section
+    if "ref" in sections and _kl_ctl(config) <= 0:
+        del sections["ref"]
+        omitted["ref"] = "actor.kl_ctl is 0, so AReaL creates no ref engine"
+    return sections, omitted
+
+
+def _backends(sections: Mapping[str, Any], legacy_actor: Optional[Tuple[Allocation, str]]
+              ) -> Dict[str, Tuple[Allocation, str]]:
+    """Role -> (parsed per-engine backend, the key it came from)."""
+    out: Dict[str, Tuple[Allocation, str]] = {}
+    for role in ("actor", "rollout", "teacher", "critic", "ref"):
+        if role not in sections:
+            continue
+        key = f"{role}.backend"
+        text = sections[role].get("backend")
+        if text in (None, "", "???") and role in ("critic", "ref"):
+            # Documented: an empty critic/ref backend is the actor's
+            # (docs/en/reference/alloc_mode.md, "falls back to actor.backend").
+            actor = out.get("actor", legacy_actor)
+            if actor is None:
+                raise FieldValueError(f"{FIELD}: {key} is empty, so it would be actor.backend, "
+                                      "which is not set either")
+            out[role] = actor
+            continue
+        if text in (None, "???"):
+            continue  # not declared here; allocation_mode may declare it
+        out[role] = (parse_backend(text, key), key)
+    return out
+
+
+def _legacy(config: Mapping[str, Any]) -> Dict[str, Tuple[Allocation, str]]:
+    """Role -> component of the deprecated allocation_mode, as AReaL's SPMD
+    launchers read it: the inference component is the rollout servers; a
+    training component is the actor unless named for another role."""
+    text = config.get(LEGACY)
+    if text in (None, ""):
+        return {}
+    out: Dict[str, Tuple[Allocation, str]] = {}
+    for found, _ in parse_allocation_mode(text):
+        role = "rollout" if found.kind == INFERENCE else (found.name or "actor")
+        if role not in ROLES:
+            raise FieldValueError(f"{FIELD}: {LEGACY} {show(text)} names a component "
+                                  f"{found.name!r}; roles are {', '.join(TRAIN_ROLES)}")
+        if role in out:
+            raise FieldValueError(f"{FIELD}: {LEGACY} {show(text)} has two components for "
+                                  f"{role} ({out[role][0].text!r} and {found.text!r})")
+        out[role] = (found, f"{LEGACY} component {found.text!r}")
+    return out
+
+
+def _user_sets_variable(config: Mapping[str, Any]) -> List[str]:
+    """Keys where the config itself sets the variable for some workers."""
+    keys = []
+    for path in SCHEDULING_SPECS:
+        present, specs = _lookup(config, path)
+        if not present or specs is None:
+            continue
+        listed = [specs] if isinstance(specs, Mapping) else specs
+        if not isinstance(listed, (list, tuple)):
+            raise fail_type(path, "a list of scheduling specs", specs)
+        for i, spec in enumerate(listed):
+            where = path if isinstance(specs, Mapping) else f"{path}[{i}]"
+            if not isinstance(spec, Mapping):
+                raise fail_type(where, "a scheduling spec mapping", spec)
+            env_vars = spec.get("env_vars")
+            if env_vars is None:
+                continue
+            if not isinstance(env_vars, Mapping):
+                raise fail_type(f"{where}.env_vars", "a mapping", env_vars)
+            if VARIABLE in env_vars:
+                key = f"{where}.env_vars.{VARIABLE}"
+                parse_connections(env_vars[VARIABLE], key)
+                keys.append(key)
+    return keys
+
+
+def read_areal(config: Mapping[str, Any]) -> Spec:
+    """Engines of an AReaL-layout config (a plain, resolved mapping)."""
+    sections, omitted = _sections(config)
+    legacy = _legacy(config)
+    backends = _backends(sections, legacy.get("actor"))
+    for role, (found, where) in legacy.items():
+        if role != "rollout" and role != "actor" and role not in sections:
+            continue  # that section is absent or not created, so neither is the engine
+        engine = _engine(config, role, found, LEGACY)
+        if role in backends:
+            own, key = backends[role]
+            if _engine(config, role, own, key) != engine:
+                raise FieldValueError(
+                    f"{FIELD}: {key} {show(own.text)} and {LEGACY}'s {where} disagree on "
+                    f"{role}'s engine; the trainer reads {key}, the legacy launcher "
+                    f"{LEGACY}: make them agree, or drop the deprecated {LEGACY}")
+            continue
+        backends[role] = (found, LEGACY)
+    engines = {role: _engine(config, role, found, key)
+               for role, (found, key) in backends.items()}
+    return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
+                   processes=_process_rules(engines),
+                   replaces=None if _user_sets_variable(config) else AREAL_VALUE)
+
+
+def _process_rules(engines: Mapping[str, Engine]) -> Tuple[ProcessRule, ...]:
+    """Trainer processes of AReaL's SPMD Ray launcher carry AREAL_SPMD_MODE=1;
+    nothing marks the inference servers, nor any worker of the single-
+    controller scheduler, so every other worker is decided for all roles."""
+    trainers = tuple(role for role in TRAIN_ROLES if role in engines)
+    if not trainers or "rollout" not in engines:
+        return ()
+    return (ProcessRule(trainers, *TRAINER_MARK),)
+
+
+READER = Reader(
+    name=FRAMEWORK,
+    markers=("actor.backend", "rollout.backend", LEGACY),
+    read=read_areal,
+    roles=ROLES,
+    paths=PATHS,
+)

@@ -1,0 +1,371 @@
+"""Reading NeMo-RL's config layout into a ``Spec``.
+
+NeMo-RL (github NVIDIA-NeMo/RL, read at 7ea279ab) keeps each model's
+training backend under ``<section>.megatron_cfg`` or ``<section>.dtensor_cfg``
+(exactly one enabled, or its ``Policy`` raises) and the policy's generation
+engine under ``policy.generation``. Its YAML files compose through a
+``defaults:`` chain of file paths (``nemo_rl/utils/config.py``), which
+``compose`` follows the same way, so a recipe file can be given as a path.
+
+Only the keys in ``PATHS`` are read; a value NeMo-RL never passes on to
+Megatron (``distributed_data_parallel_config.use_custom_fsdp``) is not read,
+because it never changes what the workers run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import FieldValueError
+from ..rules import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
+from ..spec import Engine, ProcessRule, Spec
+from ..values import FIELD, fail_type, read_flag, read_name, read_size, show
+from . import Reader
+
+FRAMEWORK = "nemo-rl"
+
+# (role, where its section lives). Each is a NeMo-RL ``Policy`` (or value
+# model) with its own megatron_cfg/dtensor_cfg: the policy (every algorithm),
+# the distillation teacher, the PPO value model (critic), and the reward
+# model environment's policy.
+SECTIONS: Tuple[Tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("teacher", "teacher"),
+    ("value", "value"),
+    ("reward_model", "env.reward_model"),
+)
+# Cross-tokenizer distillation's list of teachers; entry i is role "teachers.i".
+TEACHERS = "teachers"
+GENERATION = "generation"
+ROLES = ("policy", GENERATION, "teacher", "value", "reward_model")
+
+MEGATRON_CFG = "megatron_cfg"
+DTENSOR_CFG = "dtensor_cfg"
+# Megatron-Core's MoE A2A overlap flag has no first-class NeMo-RL key; NeMo-RL
+# passes ``megatron_cfg.model_overrides`` onto the Megatron-Bridge model
+# provider (``nemo_rl/models/megatron/setup.py``, ``_merge_model_overrides``).
+MOE_OVERLAP = "model_overrides.overlap_moe_expert_parallel_comm"
+_SIZES = (
+    ("tensor_parallel", "tensor_model_parallel_size"),
+    ("context_parallel", "context_parallel_size"),
+    ("expert_parallel", "expert_model_parallel_size"),
+)
+_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), MOE_OVERLAP)
+_DTENSOR_KEYS = ("enabled", "_v2")
+
+# policy.generation.backend -> the engine name this package knows it by.
+# NeMo-RL's Dynamo backend runs vLLM workers (``DynamoVllmWorker``).
+BACKENDS: Dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm",
+                            "dynamo": "dynamo"}
+MEGATRON_BACKEND = "megatron"
+# A non-colocated Megatron generation policy runs policy.megatron_cfg with
+# this shallow-merged on top (``nemo_rl/models/generation/megatron/config.py``).
+MCORE_GENERATION = "mcore_generation_config"
+
+# vLLM generation workers: ``BaseVllmGenerationWorker.configure_worker``
+# (``nemo_rl/models/generation/vllm/vllm_worker.py``) puts this into every
+# vLLM worker's runtime_env env_vars, after the driver's environment, and
+# nothing else in NeMo-RL sets it. vLLM's own Ray TP workers inherit it.
+VLLM_MARKER = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _section_paths(path: str) -> Tuple[str, ...]:
+    return (*(f"{path}.{MEGATRON_CFG}.{key}" for key in _MEGATRON_KEYS),
+            *(f"{path}.{DTENSOR_CFG}.{key}" for key in _DTENSOR_KEYS))
+
+
+# Every path this module reads, so the driver resolves exactly these in a
+# DictConfig (a broken interpolation elsewhere must not fail the job).
+PATHS: Tuple[str, ...] = (
+    *(p for _, path in SECTIONS for p in _section_paths(path)),
+    TEACHERS,
+    "policy.generation.backend",
+    "policy.generation.colocated.enabled",
+    *(f"policy.generation.{MCORE_GENERATION}.{key}" for key in _MEGATRON_KEYS[1:]),
+    # Shallow-merged: a model_overrides here replaces the policy's whole.
+    f"policy.generation.{MCORE_GENERATION}.model_overrides",
+)
+
+
+def read_nemo_rl(config: Mapping[str, Any]) -> Spec:
+    """Engines of a NeMo-RL config (a plain, resolved mapping)."""
+    engines: Dict[str, Engine] = {}
+    for role, path in SECTIONS:
+        engine = _read_model(_lookup(config, path), path)
+        if engine is not None:
+            engines[role] = engine
+    engines.update(_read_teachers(config.get(TEACHERS)))
+    omitted: Dict[str, str] = {}
+    generation = None
+    if "policy" in engines:
+        generation = _read_generation(config, engines["policy"], omitted)
+    processes: Tuple[ProcessRule, ...] = ()
+    others = None
+    if generation is not None:
+        engine, backend = generation
+        engines[GENERATION] = engine
+        if backend == "vllm":
+            # Only vLLM workers carry a marker NeMo-RL itself sets; every
+            # other process (training ranks and helpers) runs the other roles.
+            processes = (ProcessRule((GENERATION,), *VLLM_MARKER),)
+            others = tuple(sorted(role for role in engines if role != GENERATION))
+    return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
+                   processes=processes, others=others)
+
+
+def _lookup(config: Any, path: str) -> Any:
+    """The value at a dotted path, or None when any part is absent or null."""
+    node = config
+    walked: List[str] = []
+    for part in path.split("."):
+        if node is None:
+            return None
+        if not isinstance(node, Mapping):
+            raise fail_type(".".join(walked), "a mapping", node)
+        node = node.get(part)
+        walked.append(part)
+    return node
+
+
+def _read_teachers(value: Any) -> Dict[str, Engine]:
+    if value is None:
+        return {}
+    if not isinstance(value, (list, tuple)):
+        raise fail_type(TEACHERS, "a list of teacher configs", value)
+    engines = {}
+    for index, teacher in enumerate(value):
+        engine = _read_model(teacher, f"{TEACHERS}.{index}")
+        if engine is not None:
+            engines[f"{TEACHERS}.{index}"] = engine
+    return engines
+
+
+def _read_model(section: Any, path: str) -> Optional[Engine]:
+    """The training engine of one Policy section, as NeMo-RL's Policy picks it."""
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise fail_type(path, "a mapping", section)
+    megatron = _enabled(section, MEGATRON_CFG, path)
+    dtensor = _enabled(section, DTENSOR_CFG, path)
+    keys = f"{path}.{MEGATRON_CFG}.enabled and {path}.{DTENSOR_CFG}.enabled"
+    # The same two errors NeMo-RL's Policy and value model raise
+    # (nemo_rl/models/policy/lm_policy.py, nemo_rl/models/value/lm_value.py).
+    if megatron and dtensor:
+        raise FieldValueError(f"{FIELD}: {keys} are both true; NeMo-RL runs one training "
+                              "backend per model: enable exactly one")
+    if not megatron and not dtensor:
+        raise FieldValueError(f"{FIELD}: neither {keys} is true; NeMo-RL needs one "
+                              "training backend per model: enable exactly one")
+    if megatron:
+        return _megatron_engine(section[MEGATRON_CFG], f"{path}.{MEGATRON_CFG}")
+    v2 = section[DTENSOR_CFG].get("_v2")
+    v2 = False if v2 is None else read_flag(v2, f"{path}.{DTENSOR_CFG}._v2")
+    # _v2 runs DTensorPolicyWorkerV2 (Automodel); otherwise torch FSDP2/DTensor.
+    return Engine("automodel" if v2 else "fsdp2", FSDP)
+
+
+def _enabled(section: Mapping[str, Any], name: str, path: str) -> bool:
+    sub = section.get(name)
+    if sub is None:
+        return False
+    if not isinstance(sub, Mapping):
+        raise fail_type(f"{path}.{name}", "a mapping", sub)
+    flag = sub.get("enabled")
+    # NeMo-RL tests bool(cfg.get("enabled", False)): absent or null is off.
+    return False if flag is None else read_flag(flag, f"{path}.{name}.enabled")
+
+
+def _megatron_engine(cfg: Mapping[str, Any], path: str,
+                     over: Optional[Mapping[str, Any]] = None,
+                     over_path: str = "") -> Engine:
+    """A Megatron engine from megatron_cfg (and, for a dedicated Megatron
+    generation policy, the mcore_generation_config shallow-merged on top)."""
+    over = over or {}
+    sizes = {}
+    for name, key in _SIZES:
+        source, where = (over, over_path) if key in over else (cfg, path)
+        if key not in source:
+            # NeMo-RL indexes these keys directly; without them it fails too.
+            raise FieldValueError(f"{FIELD}: {path}.{key} is missing; a Megatron engine "
+                                  "needs its parallel sizes")
+        sizes[name] = read_size(source[key], f"{where}.{key}")
+    overrides, where = ((over["model_overrides"], f"{over_path}.model_overrides")
+                        if "model_overrides" in over
+                        else (cfg.get("model_overrides"), f"{path}.model_overrides"))
+    moe_overlap = False
+    if overrides is not None:
+        if not isinstance(overrides, Mapping):
+            raise fail_type(where, "a mapping", overrides)
+        flag = overrides.get("overlap_moe_expert_parallel_comm")
+        if flag is not None:
+            moe_overlap = read_flag(flag, f"{where}.overlap_moe_expert_parallel_comm")
+    # NeMo-RL validates Megatron-Bridge's ConfigContainer in every Megatron
+    # worker (megatron_policy_worker.py), never Megatron-LM's validate_args.
+    return Engine(MEGATRON, MEGATRON, moe_overlap=moe_overlap,
+                  checks=(MEGATRON_BRIDGE_CHECK,), **sizes)
+
+
+def _read_generation(config: Mapping[str, Any], policy: Engine,
+                     omitted: Dict[str, str]) -> Optional[Tuple[Engine, str]]:
+    generation = _lookup(config, "policy.generation")
+    if generation is None:
+        return None  # SFT, DPO, RM: no generation engine
+    if not isinstance(generation, Mapping):
+        raise fail_type("policy.generation", "a mapping", generation)
+    key = "policy.generation.backend"
+    backend = read_name(generation.get("backend"), key)
+    if backend in BACKENDS:
+        name = BACKENDS[backend]
+        return Engine(name, INFERENCE), backend
+    if backend != MEGATRON_BACKEND:
+        raise FieldValueError(f"{FIELD}: {key} is {backend!r}; NeMo-RL's backends are "
+                              f"{', '.join([*BACKENDS, MEGATRON_BACKEND])}")
+    if policy.kind != MEGATRON:
+        raise FieldValueError(f"{FIELD}: {key} is 'megatron' but policy.{MEGATRON_CFG}"
+                              ".enabled is not true; Megatron generation runs the policy's "
+                              "Megatron model")
+    colocated_key = "policy.generation.colocated.enabled"
+    colocated = read_flag(_lookup(config, colocated_key), colocated_key)
+    if colocated:
+        # MegatronGeneration wraps the training Policy: no process of its own.
+        omitted[GENERATION] = ("backend megatron, colocated: generation runs inside the "
+                               "policy's Megatron workers")
+        return None
+    over = generation.get(MCORE_GENERATION)
+    over_path = f"policy.generation.{MCORE_GENERATION}"
+    if over is not None and not isinstance(over, Mapping):
+        raise fail_type(over_path, "a mapping", over)
+    cfg = config["policy"][MEGATRON_CFG]
+    return _megatron_engine(cfg, f"policy.{MEGATRON_CFG}", over, over_path), backend
+
+
+# ---------------------------------------------------------------- composition
+
+DEFAULTS = "defaults"
+_MAX_CHAIN = 32
+# NeMo-RL's own resolvers (nemo_rl/utils/config.py, register_omegaconf_resolvers).
+_RESOLVERS = {
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": lambda a, b: max(a, b),
+}
+
+
+def compose(path: str, loaded: Any) -> Optional[Any]:
+    """The config NeMo-RL's ``load_config(path)`` returns, or None when the
+    file's ``defaults:`` is not NeMo-RL's (absent, or Hydra's defaults list)."""
+    parents = _parents(loaded, os.path.dirname(os.path.abspath(path)))
+    if parents is None:
+        return None
+    register_resolvers()
+    return _compose(loaded, parents, [os.path.abspath(path)])
+
+
+def register_resolvers() -> None:
+    """NeMo-RL's add/mul/div/max, each only where no resolver has the name."""
+    import warnings
+
+    from omegaconf import OmegaConf
+
+    for name, function in _RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            # register_new_resolver is the call every OmegaConf from 2.1 has
+            # (and NeMo-RL makes); 2.4 only warns that it is renamed.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                OmegaConf.register_new_resolver(name, function)
+
+
+def _parents(loaded: Any, folder: str) -> Optional[List[str]]:
+    """The parent files a NeMo-RL ``defaults:`` names, or None when the value
+    is not that: NeMo-RL's is a file path or a list of them, while Hydra's
+    (verl's) is a list of mappings and ``group@package: name`` entries."""
+    from omegaconf import DictConfig, ListConfig
+
+    if not isinstance(loaded, DictConfig) or DEFAULTS not in loaded:
+        return None
+    raw = loaded[DEFAULTS]
+    entries: Sequence[Any] = [raw] if isinstance(raw, str) else (
+        list(raw) if isinstance(raw, ListConfig) else [])
+    if not entries or not all(isinstance(entry, str) and _names_a_file(entry, folder)
+                              for entry in entries):
+        return None
+    return [entry if os.path.isabs(entry) else os.path.join(folder, entry)
+            for entry in entries]
+
+
+def _names_a_file(entry: str, folder: str) -> bool:
+    if entry.endswith((".yaml", ".yml")):
+        return True  # a missing one is an error below, naming the chain
+    return os.path.isfile(entry if os.path.isabs(entry) else os.path.join(folder, entry))
+
+
+def _compose(config: Any, parents: List[str], chain: List[str]) -> Any:
+    from omegaconf import OmegaConf
+
+    config = config.copy()
+    config.pop(DEFAULTS)
+    base = OmegaConf.create({})
+    for parent in parents:
+        base = _merge(base, _load_parent(parent, chain))
+    return _merge(base, config)
+
+
+def _load_parent(path: str, chain: List[str]) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    path = os.path.abspath(path)
+    shown = " -> ".join(chain + [path])
+    if path in chain:
+        raise FieldValueError(f"{FIELD}: the defaults: chain loops: {shown}")
+    if len(chain) >= _MAX_CHAIN:
+        raise FieldValueError(f"{FIELD}: the defaults: chain is over {_MAX_CHAIN} files long: "
+                              f"{shown}")
+    if not os.path.isfile(path):
+        raise FieldValueError(f"{FIELD}: config file {path!r} named in defaults: does not "
+                              f"exist (chain: {shown})")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:
+        raise FieldValueError(f"{FIELD}: cannot load config file {path!r} (chain: {shown}): "
+                              f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(loaded, DictConfig):
+        raise fail_type(f"config file {path!r} (chain: {shown})", "a mapping", "a list"
+                        if isinstance(loaded, ListConfig) else loaded)
+    if DEFAULTS not in loaded:
+        return loaded
+    folder = os.path.dirname(path)
+    parents = _parents(loaded, folder)
+    if parents is None:
+        raise FieldValueError(f"{FIELD}: {path!r} has defaults: {show(loaded[DEFAULTS])}, "
+                              f"which is not a file path or a list of them (chain: {shown})")
+    return _compose(loaded, parents, chain + [path])
+
+
+def _merge(base: Any, child: Any) -> Any:
+    """NeMo-RL's ``merge_with_override``: a top-level child section marked
+    ``_override_: true`` replaces the parent's instead of merging into it."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for key in list(child.keys()):
+        if OmegaConf.is_missing(child, key):
+            continue  # ??? keeps the parent's value (OmegaConf.merge does that)
+        value = child[key]
+        if isinstance(value, DictConfig) and value.get("_override_", False):
+            value.pop("_override_")
+            if key in base:
+                base.pop(key)
+    return OmegaConf.merge(base, child)
+
+
+READER = Reader(
+    name=FRAMEWORK,
+    markers=("policy.megatron_cfg", "policy.dtensor_cfg"),
+    read=read_nemo_rl,
+    roles=ROLES,
+    paths=PATHS,
+    compose=compose,
+)

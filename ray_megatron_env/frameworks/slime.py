@@ -1,0 +1,271 @@
+"""Reading slime's training arguments into a ``Spec``.
+
+slime (THUDM/slime) is configured entirely on the command line of its job
+driver, ``train.py``: its own flags (``--actor-num-nodes``,
+``--rollout-num-gpus-per-engine``, ...), SGLang's (``--sglang-*``) and
+Megatron-LM's (``--tensor-model-parallel-size``, ...), all parsed into one
+flat ``argparse.Namespace`` (``slime/utils/arguments.py``, ``parse_args``).
+This reader takes that namespace, its ``vars()`` dict, or the argument list
+itself, and reads only the keys in ``PATHS``.
+
+Three things decide what it returns:
+
+- ``parse_args`` runs Megatron-LM's ``validate_args`` on the driver when
+  ``train_backend == "megatron"`` and not ``debug_rollout_only``
+  (``slime/utils/arguments.py`` lines 1635-1638 @ 624b824a;
+  ``slime/backends/megatron_utils/arguments.py:79``), so the train engines
+  carry the ``megatron-lm`` check: its asserts make "1" (TP/CP > 1 before
+  Blackwell) and "not 1" (FSDP) required, not preferred.
+- The SGLang engine actors carry env vars in their own ``runtime_env`` that
+  no other slime process has (``slime/ray/rollout.py``, the ``env_vars`` of
+  ``RolloutRayActor.options``), so one job-level env gives them the
+  inference value and everything else (the driver, the Megatron train
+  actors) the Megatron one.
+- Which processes exist at all: ``--debug-rollout-only`` starts no train
+  actors, ``--debug-train-only`` (or ``--load-debug-rollout-data``), external
+  engines or ``--rollout-num-gpus 0`` start no SGLang engines, and a critic
+  exists only with ``--advantage-estimator ppo`` (``slime_validate_args``:
+  ``use_critic = advantage_estimator == "ppo"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
+
+from ..errors import FieldValueError
+from ..rules import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
+from ..spec import Engine, ProcessRule, Spec
+from ..values import FIELD, fail_type, read_flag, read_name, read_size
+from . import Reader
+
+NAME = "slime"
+ROLES = ("actor", "critic", "rollout")
+TRAIN_ROLES = ("actor", "critic")
+
+# slime's own cluster flags (``add_cluster_arguments``): every slime
+# namespace has them, plain Megatron-LM's and other frameworks' have none.
+MARKERS = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine",
+           "rollout_num_gpus")
+
+# The train backends slime has had: megatron always; fsdp from its
+# introduction until "Remove FSDP support (#1664)" (e4faf633, 2026-03-04).
+BACKENDS = {"megatron": MEGATRON, "fsdp": FSDP}
+
+# (engine setting, key) for the Megatron-LM flags that matter. Sizes must be
+# there (any slime namespace has them); flags may be absent, because older
+# Megatron-LM releases do not define them (use_megatron_fsdp and
+# overlap_moe_expert_parallel_comm came in core 0.14; use_custom_fsdp is the
+# older name that 0.14 and later still set alongside).
+SIZE_KEYS = (
+    ("tensor_parallel", "tensor_model_parallel_size"),
+    ("context_parallel", "context_parallel_size"),
+    ("expert_parallel", "expert_model_parallel_size"),
+)
+FLAG_KEYS = (
+    ("torch_fsdp2", "use_torch_fsdp2"),
+    ("megatron_fsdp", "use_megatron_fsdp"),
+    ("megatron_fsdp", "use_custom_fsdp"),
+    ("moe_overlap", "overlap_moe_expert_parallel_comm"),
+)
+
+# A variable slime puts in the SGLang engine actors' own runtime_env and in no
+# other process's: ``slime/ray/rollout.py`` (``RolloutRayActor.options(
+# runtime_env={"env_vars": ...})``, default "true", since v0.2.0). It is the
+# legacy ``SGL_`` spelling of an SGLang switch, which nobody has a reason to
+# set job-wide (a job-level value would reach every process and make them all
+# look like SGLang engines).
+SGLANG_VARIABLE = "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK"
+SGLANG_PREFIX = "true"
+
+# (key, option, argparse settings): the options this reader reads, as slime
+# and Megatron-LM define them. Types and defaults are theirs, so that an
+# argument list reads as slime's ``parse_args`` would read it.
+_OPTIONS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
+    # slime (slime/utils/arguments.py, slime/backends/sglang_utils/arguments.py)
+    ("actor_num_nodes", "--actor-num-nodes", {"type": int, "default": 1}),
+    ("actor_num_gpus_per_node", "--actor-num-gpus-per-node", {"type": int, "default": 8}),
+    ("rollout_num_gpus", "--rollout-num-gpus", {"type": int, "default": None}),
+    ("rollout_num_gpus_per_engine", "--rollout-num-gpus-per-engine",
+     {"type": int, "default": 1}),
+    ("colocate", "--colocate", {"action": "store_true", "default": False}),
+    ("train_backend", "--train-backend", {"default": "megatron"}),
+    ("debug_rollout_only", "--debug-rollout-only", {"action": "store_true", "default": False}),
+    ("debug_train_only", "--debug-train-only", {"action": "store_true", "default": False}),
+    ("load_debug_rollout_data", "--load-debug-rollout-data", {"default": None}),
+    ("rollout_external_engine_addrs", "--rollout-external-engine-addrs",
+     {"nargs": "+", "default": None}),
+    ("sglang_config", "--sglang-config", {"default": None}),
+    ("advantage_estimator", "--advantage-estimator", {"default": "grpo"}),
+    ("num_rollout", "--num-rollout", {"type": int, "default": None}),
+    # Megatron-LM (megatron/training/arguments.py)
+    ("tensor_model_parallel_size", "--tensor-model-parallel-size", {"type": int, "default": 1}),
+    ("context_parallel_size", "--context-parallel-size", {"type": int, "default": 1}),
+    ("expert_model_parallel_size", "--expert-model-parallel-size", {"type": int, "default": 1}),
+    ("use_torch_fsdp2", "--use-torch-fsdp2", {"action": "store_true", "default": False}),
+    ("use_megatron_fsdp", "--use-megatron-fsdp", {"action": "store_true", "default": False}),
+    ("use_custom_fsdp", "--use-custom-fsdp", {"action": "store_true", "default": False}),
+    ("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm",
+     {"action": "store_true", "default": False}),
+)
+_MEGATRON_KEYS = {key for _, key in SIZE_KEYS} | {key for _, key in FLAG_KEYS}
+# Options only slime defines: one of them is what makes a list slime's.
+_SLIME_OPTIONS = {option: key for key, option, _ in _OPTIONS if key not in _MEGATRON_KEYS}
+
+PATHS: Tuple[str, ...] = tuple(key for key, _, _ in _OPTIONS)
+
+
+def read_slime(config: Mapping[str, Any]) -> Spec:
+    """Engines and process rules of slime's parsed arguments (a flat mapping)."""
+    omitted: Dict[str, str] = {}
+    engines: Dict[str, Engine] = {}
+    if _flag(config, "debug_rollout_only"):
+        for role in TRAIN_ROLES:
+            omitted[role] = "debug_rollout_only: slime starts no train actors"
+    else:
+        train = _train_engine(config)
+        engines["actor"] = train
+        if _uses_critic(config):
+            # The critic is built from a copy of the same arguments
+            # (slime/ray/placement_group.py, create_training_models).
+            engines["critic"] = train
+    why_no_rollout = _no_rollout(config)
+    if why_no_rollout:
+        omitted["rollout"] = why_no_rollout
+    else:
+        engines["rollout"] = Engine("sglang", INFERENCE)
+    train_roles = tuple(role for role in TRAIN_ROLES if role in engines)
+    processes: Tuple[ProcessRule, ...] = ()
+    others: Optional[Tuple[str, ...]] = None
+    if "rollout" in engines and train_roles:
+        # The driver (where validate_args runs), the train actors and slime's
+        # CPU-only helpers match no rule: they get the Megatron decision.
+        processes = (ProcessRule(("rollout",), SGLANG_VARIABLE, SGLANG_PREFIX),)
+        others = train_roles
+    return Spec.of(engines, framework=NAME, omitted=omitted, processes=processes,
+                   others=others)
+
+
+def _train_engine(config: Mapping[str, Any]) -> Engine:
+    backend = config.get("train_backend")
+    backend = "megatron" if backend is None else read_name(backend, "train_backend")
+    kind = BACKENDS.get(backend)
+    if kind is None:
+        raise FieldValueError(
+            f"{FIELD}: train_backend {backend!r} is not a slime train backend; slime has "
+            "megatron (and, before e4faf633 of 2026-03-04, fsdp)")
+    if kind != MEGATRON:
+        return Engine(backend, kind)
+    missing = [key for _, key in SIZE_KEYS if config.get(key) is None]
+    if missing:
+        raise FieldValueError(
+            f"{FIELD}: slime's Megatron train engine needs its parallel sizes; looked for "
+            f"{', '.join(key for _, key in SIZE_KEYS)}, and {', '.join(missing)} is missing. "
+            "Pass slime's whole argument list or vars(args) (both always carry them)")
+    settings: Dict[str, Any] = {name: read_size(config[key], key) for name, key in SIZE_KEYS}
+    for name, key in FLAG_KEYS:
+        value = config.get(key)
+        if value is not None and read_flag(value, key):
+            settings[name] = True
+    # parse_args runs Megatron-LM's validate_args for this backend (the
+    # debug_rollout_only case never gets here).
+    return Engine(backend, kind, checks=(MEGATRON_LM_CHECK,), **settings)
+
+
+def _uses_critic(config: Mapping[str, Any]) -> bool:
+    estimator = config.get("advantage_estimator")
+    if estimator is None or read_name(estimator, "advantage_estimator") != "ppo":
+        return False
+    rounds = config.get("num_rollout")
+    # create_training_models: a critic only when num_rollout != 0.
+    return rounds is None or _count(rounds, "num_rollout") != 0
+
+
+def _count(value: Any, key: str) -> int:
+    """A size that may also be 0 (num_rollout, rollout_num_gpus)."""
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    return read_size(value, key)
+
+
+def _no_rollout(config: Mapping[str, Any]) -> Optional[str]:
+    """Why slime starts no SGLang engine with these arguments, or None."""
+    if _flag(config, "debug_train_only"):
+        return "debug_train_only: slime starts no SGLang engines"
+    if config.get("load_debug_rollout_data") is not None:
+        return "load_debug_rollout_data: slime trains on saved rollouts, no SGLang engines"
+    if config.get("rollout_external_engine_addrs") is not None:
+        return "rollout_external_engine_addrs: the SGLang servers run outside this job"
+    gpus = config.get("rollout_num_gpus")
+    if gpus is not None and _count(gpus, "rollout_num_gpus") == 0 \
+            and config.get("sglang_config") is None:
+        return "rollout_num_gpus 0: slime starts the router only, no SGLang engines"
+    return None
+
+
+def _flag(config: Mapping[str, Any], key: str) -> bool:
+    value = config.get(key)
+    return value is not None and read_flag(value, key)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises this package's error instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise FieldValueError(f"{FIELD}: slime's argument list: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False as slime and Megatron-LM do, so that an abbreviated
+    # or longer look-alike option is never taken for one of these.
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    for key, option, settings in _OPTIONS:
+        parser.add_argument(option, dest=key, **settings)
+    return parser
+
+
+def _is_slime(args: Sequence[str]) -> bool:
+    """Whether the list has one of slime's own options (Megatron-LM's alone
+    are any Megatron-LM script's, not slime's)."""
+    return any(arg.split("=", 1)[0] in _SLIME_OPTIONS for arg in args)
+
+
+def convert(value: Any) -> Optional[Dict[str, Any]]:
+    """slime's argument list -> the keys this reader reads, typed as
+    ``parse_args`` types them; None when the list is not slime's."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+        return None
+    if not _is_slime(value):
+        return None
+    # Unknown options (slime has hundreds) are left aside; a repeated option
+    # keeps its last value, as argparse does in slime itself.
+    parsed, _ = _parser().parse_known_args(list(value))
+    return vars(parsed)
+
+
+def compose(path: str, loaded: Any) -> Optional[Any]:
+    """A YAML or JSON file holding slime's argument list (a list of strings)
+    -> its mapping, so that every verb can read it from a file."""
+    from omegaconf import ListConfig, OmegaConf
+
+    if not isinstance(loaded, ListConfig):
+        return None
+    items = OmegaConf.to_container(loaded, resolve=True)
+    # YAML reads `- 2` as a number; on a command line it is the string "2".
+    args = [str(item) if isinstance(item, (int, float)) and not isinstance(item, bool)
+            else item for item in items]
+    if not all(isinstance(arg, str) for arg in args):
+        raise fail_type(path, "a list of slime's arguments (strings)", items)
+    mapping = convert(args)
+    return None if mapping is None else OmegaConf.create(mapping)
+
+
+READER = Reader(
+    name=NAME,
+    markers=MARKERS,
+    read=read_slime,
+    roles=ROLES,
+    paths=PATHS,
+    convert=convert,
+    compose=compose,
+)
