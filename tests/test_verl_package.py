@@ -1,0 +1,133 @@
+"""Against verl itself (0.9.1): its runtime env, taken over, and its real
+RayWorkerGroup on a simulated cluster with a CPU-only head and A100, H100 and
+B200 nodes. Runs where verl is importable; .ci/run installs it
+(pip install --no-deps verl==0.9.1 and the few modules its Ray code imports).
+"""
+
+import os
+import sys
+
+import pytest
+import ray
+
+verl = pytest.importorskip(
+    "verl.single_controller.ray",
+    reason="verl is not installed; .ci/run installs verl 0.9.1 without its dependency tree")
+
+from verl.single_controller.base import Worker  # noqa: E402
+from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
+from verl.single_controller.ray import (  # noqa: E402
+    RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
+)
+from verl.trainer.constants_ppo import get_ppo_ray_runtime_env  # noqa: E402
+
+from configs import verl as verl_config  # noqa: E402
+from ray.util.placement_group import remove_placement_group  # noqa: E402
+
+from ray_megatron_env import build_runtime_env  # noqa: E402
+
+CLUSTER = "verl"
+VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
+# Golden, from the rule table: verl_megatron.yaml (Megatron TP=2 actor and
+# ref, Megatron TP=1 critic, vLLM rollout) with hybrid_engine false, so the
+# rollout runs in standalone worker groups (verl/workers/rollout/replica.py).
+# Trainer ranks: 1 below Blackwell, nothing on B200. Rollout ranks: vLLM,
+# "not 1": nothing set anywhere.
+TRAINER = {"a100": "1", "h100": "1", "b200": None}
+ACCELERATORS = {"a100": "A100", "h100": "H100", "b200": "B200"}
+
+
+# verl's runtime env sets working_dir: None, so workers do not get the
+# driver's sys.path; the worker class travels by value instead.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class EnvWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def seen(self):
+        return os.environ.get(VARIABLE), os.environ.get("WG_PREFIX"), \
+            os.environ.get("RAY_MEGATRON_ENV_DECISION")
+
+
+@pytest.fixture(scope="module")
+def job_env():
+    config = verl_config("actor_rollout_ref.hybrid_engine=false")
+    # verl's own driver defaults, as main_ppo merges them, on this CPU-only
+    # driver; then the take-over.
+    base = get_ppo_ray_runtime_env(config)
+    return build_runtime_env(config, base=base, take_over=True)
+
+
+@pytest.fixture(scope="module")
+def as_job(cluster, job_env):
+    """Reconnect the driver with the env as the job-level runtime env."""
+    ray.shutdown()
+    ray.init(address=cluster.address, runtime_env=job_env, log_to_driver=False,
+             logging_level="WARNING")
+    yield
+    ray.shutdown()
+    cluster.connect()
+
+
+def test_verl_runtime_env_on_a_cpu_only_driver_is_taken_over(job_env):
+    config = verl_config()
+    verl_says = get_ppo_ray_runtime_env(config)["env_vars"]
+    # verl decided from this driver's GPU (none): no value for any worker,
+    # although its Megatron TP=2 workers need 1 on A100/H100.
+    assert VARIABLE not in verl_says
+    assert VARIABLE not in job_env["env_vars"]
+    assert {k: job_env["env_vars"][k] for k in verl_says} == verl_says  # nothing lost
+    assert job_env["megatron_env"]["engines"]["actor"] == {"strategy": "megatron",
+                                                         "tensor_parallel": 2}
+
+
+def test_a_hard_coded_1_from_verls_runtime_env_yaml_is_taken_over():
+    # verl's verl/trainer/runtime_env.yaml (ray job submit) sets 1 for everyone.
+    base = {"env_vars": {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", VARIABLE: "1"}}
+    env = build_runtime_env(verl_config(), base=base, take_over=True)
+    assert env["env_vars"] == {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+
+
+def _group(name, ranks, prefix=None):
+    pool = RayResourcePool(process_on_nodes=[ranks], use_gpu=True, max_colocate_count=1,
+                           accelerator_type=f"accelerator_type:{ACCELERATORS[name]}")
+    group = RayWorkerGroup(resource_pool=pool,
+                           ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(EnvWorker)),
+                           name_prefix=prefix, device_name="cuda")
+    return group, pool
+
+
+def _release(group, pool):
+    for handle in group.workers:
+        ray.kill(handle)
+    for pg in pool.pgs or ():
+        remove_placement_group(pg)
+
+
+def _check(group, expected, role):
+    seen = group.seen()
+    for value, prefix, decision in seen:
+        assert decision is not None, f"the plugin did not run for the rank with {prefix}"
+        assert value == expected, (prefix, decision)
+        assert f'"{role}"' in decision
+    return len(seen)
+
+
+@pytest.mark.parametrize("name", sorted(ACCELERATORS))
+def test_every_rank_of_verls_trainer_worker_group_gets_its_nodes_value(as_job, name):
+    group, pool = _group(name, 2)  # verl's trainer: no name_prefix, a random WG_PREFIX
+    try:
+        assert _check(group, TRAINER[name], "actor") == 2
+    finally:
+        _release(group, pool)
+
+
+def test_a_standalone_rollout_group_and_the_trainer_differ_under_one_job_env(as_job):
+    trainer, trainer_pool = _group("h100", 2)
+    rollout, rollout_pool = _group("h100", 1, prefix="rollout_standalone_0")  # replica.py
+    try:
+        assert _check(trainer, "1", "actor") == 2
+        assert _check(rollout, None, "rollout") == 1
+    finally:
+        _release(trainer, trainer_pool)
+        _release(rollout, rollout_pool)
