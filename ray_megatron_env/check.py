@@ -102,11 +102,28 @@ def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
             answers[pending[ref]] = ray.get(ref)
         except Exception as exc:  # RuntimeEnvSetupError, actor death: report it
             answers[pending[ref]] = exc
-    for actor in actors:
-        ray.kill(actor)
+    _release(actors, answered={pending[ref] for ref in ready})
     labels = labels or {}
     return [_report(node_id, ip, answers.get(i), timeout_s, labels.get(node_id))
             for i, (node_id, ip) in enumerate(nodes)]
+
+
+def _release(actors: List[Any], answered: Iterable[int]) -> None:
+    """End the probe actors. One that answered exits on its own (an exit Ray
+    records as intended); killing it instead can race with Ray's bookkeeping
+    of its finished call, and the driver then prints Ray's "a worker died or
+    was killed ... unexpected system error" warning for an actor that was
+    fine. One that did not answer is killed."""
+    import ray
+
+    answered = set(answered)
+    exits = []
+    for i, actor in enumerate(actors):
+        if i in answered:
+            exits.append(actor.__ray_terminate__.remote())
+        else:
+            ray.kill(actor)
+    ray.wait(exits, num_returns=len(exits), timeout=10)
 
 
 def _report(node_id: str, ip: str, answer: Any, timeout_s: float,

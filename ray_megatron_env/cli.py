@@ -42,6 +42,12 @@ def _shown(value: Optional[str]) -> str:
     return "unset" if value is None else value
 
 
+def short_id(node_id: str) -> str:
+    """A node id as a table shows it: its first 8 hex digits, which tell the
+    nodes of one cluster apart (``--json`` carries the full id)."""
+    return node_id[:8]
+
+
 def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
     """A table per node; the reason (and any problem) on the lines below."""
     head = (["NODE"] if labelled else []) + ["NODE ID", "IP", "PLUGIN", "GPUS", "VALUE", "SOURCE"]
@@ -50,7 +56,7 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
         d = r.decision
         gpus = "?" if d is None else ("unknown" if d.gpus is None else ",".join(d.gpus) or "none")
         rows.append(([r.label or "-"] if labelled else []) + [
-            r.node_id, r.ip, {True: "yes", False: "NO", None: "?"}[r.registered], gpus,
+            short_id(r.node_id), r.ip, {True: "yes", False: "NO", None: "?"}[r.registered], gpus,
             _shown(r.value), d.source if d else "-"])
         lines = [d.reason] if d else []
         lines += [f"warning: {w}" for w in (d.warnings if d else ())]
@@ -108,7 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         bad = [r for r in reports if not r.ok]
         print(f"\n{len(reports)} node(s) checked, {len(bad)} with a problem.")
         for r in bad:
-            print(f"  {r.node_id} ({r.ip}): {r.problem()}")
+            print(f"  {short_id(r.node_id)} ({r.ip}): {r.problem()}")
     return PROBLEM if args.strict and any(not r.ok for r in reports) else OK
 
 
@@ -232,14 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def role_option(p: argparse.ArgumentParser) -> None:
         p.add_argument("--role", action="append", metavar="ROLE",
-                       help="narrow to a role's engine (actor, ref, critic, reward_model, "
-                            "rollout); repeat or comma-separate for several")
+                       help="narrow to a role's engine (the config's role names, e.g. verl's actor, "
+                            "ref, critic, rollout; NeMo-RL's policy, generation); repeat or "
+                            "comma-separate for several")
 
     demo = verbs.add_parser("demo", help="run the decision on a local simulated mixed-GPU cluster",
                             description="Start a local simulated cluster (no GPU, V100, A100, "
                                         "2xH100, B200, H100+B200), start an actor per node "
                                         "for each example config, print what each got and why.")
-    demo.add_argument("--config", help="your config (verl YAML or compact form) instead of the "
+    demo.add_argument("--config", help="your config (a framework's YAML or the compact form) instead of the "
                                        "examples; --role then narrows it")
     role_option(demo)
     demo.add_argument("--json", action="store_true", help="machine-readable output")
@@ -249,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Start a short-lived actor with the megatron_env field "
                                          "on every alive node and report what it got.")
     check.add_argument("--address", help="cluster address (default: auto, RAY_ADDRESS)")
-    check.add_argument("--config", help="training config (verl YAML or compact form); "
+    check.add_argument("--config", help="training config (a framework's YAML or the compact form); "
                                         "without it only GPUs and registration are checked")
     role_option(check)
     check.add_argument("--strict", action="store_true",
@@ -263,9 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain = verbs.add_parser("explain", help="what a config gives on given GPUs (offline)",
                                description="Decide offline, without a cluster, exactly as a node "
                                            "with these GPUs would.")
-    explain.add_argument("config", help="training config (verl YAML or compact form)")
+    explain.add_argument("config", help="training config: a verl, NeMo-RL or AReaL YAML, a file with slime's "
+                              "argument list, or the compact form")
     explain.add_argument("--gpus", required=True,
-                         help="compute capabilities, e.g. 9.0 or 9.0,9.0,10.0; 'none' for no GPU")
+                         help="compute capabilities, e.g. 9.0 or 9.0,9.0,10.0; 'none' for no GPU; "
+                              "'amd' for an AMD (ROCm) node")
     role_option(explain)
     explain.add_argument("--explicit", metavar="N", help="an env_vars value in the runtime env")
     explain.add_argument("--node-value", metavar="N",

@@ -1,4 +1,4 @@
-"""Precedence (DESIGN.md) on top of the policy, and the decision's JSON."""
+"""Precedence (docs/how-it-works.md#precedence) on top of the policy, and the decision's JSON."""
 
 import json
 

@@ -4,6 +4,10 @@ import json
 import subprocess
 import sys
 
+from ray_megatron_env.check import NodeReport
+from ray_megatron_env.cli import format_reports
+from ray_megatron_env.decision import Decision
+
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 
 
@@ -29,6 +33,16 @@ def test_demo_reports_every_node_for_every_example(no_cluster):
     assert per_role == {"actor": pre_blackwell, "critic": nothing}
     assert all(n["registered"] and n["node_id"] and n["ip"] for nodes in by_title.values()
                for n in nodes.values())
+    # Calm: nothing but the demo's own start line on stderr (no Ray warning).
+    assert result.stderr.splitlines() == [result.stderr.splitlines()[0]]
+    assert result.stderr.startswith("Starting a local simulated Ray cluster")
+    # Narrow: the tables these reports print fit 100 columns.
+    for run in runs:
+        reports = [NodeReport(**{**{k: v for k, v in n.items() if k not in ("ok", "problem")},
+                                 "decision": Decision.from_dict(n["decision"])})
+                   for n in run["nodes"]]
+        table = format_reports(reports, labelled=True)
+        assert max(len(line) for line in table.splitlines()) <= 100, table
 
 
 def test_demo_refuses_a_bad_config_before_starting_anything(no_cluster, tmp_path):

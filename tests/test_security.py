@@ -25,7 +25,7 @@ def hostile(marker):
     """A verl-shaped field stuffed with everything that could be misread."""
     return {
         "actor_rollout_ref": {"actor": {
-            "strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2},
+            "strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2, "context_parallel_size": 1},
             "env_vars": {"LD_PRELOAD": "/tmp/evil.so"}, "runtime_env": {"PATH": "/evil"}}},
         "env_vars": {"PATH": "/evil", "LD_PRELOAD": "/tmp/evil.so", VAR: "7"},
         "LD_PRELOAD": "/tmp/evil.so", "PATH": "/evil", "PYTHONPATH": "/evil",

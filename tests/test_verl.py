@@ -258,3 +258,9 @@ def test_reward_and_teacher_worker_groups_are_not_taken_for_the_rollout():
         "reward_model",)
     assert spec.for_process({"WG_PREFIX": "rollout_teacher_colocate_0_t"})[0].roles() == (
         "teacher",)
+
+
+def test_a_ref_verl_never_creates_is_not_read_even_half_configured():
+    decision = explain(FIXTURES / "grpo_mlite_actor_only.yaml", "9.0")
+    assert decision.engines == {"actor": "mlite TP=1 CP=8 EP=8 torch-FSDP2"}
+    assert "ref: not created: neither actor.use_kl_loss nor" in decision.reason

@@ -33,7 +33,6 @@ from . import Reader
 
 VERSIONS = "verl 0.9.1 (and verl-project/verl 1dda039b)"
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model", "teacher")
-TRAINING_ROLES = ("actor", "ref", "critic")
 DECLARATIONS = "megatron_env"  # optional top-level section: {engine_kinds: {name: kind}}
 
 ACTOR = "actor_rollout_ref.actor"
@@ -125,20 +124,24 @@ def read_verl(config: Mapping[str, Any]) -> Spec:
     engines: Dict[str, Engine] = {}
     omitted: Dict[str, str] = {}
 
-    def consider(role: str, engine: Optional[Engine], why_not: Optional[str]) -> None:
-        if engine is None:
-            return
-        if why_not is None:
+    def consider(role: str, engine: Optional[Engine]) -> None:
+        if engine is not None:
             engines[role] = engine
-        else:
+
+    def trained(role: str, path: str, why_not: Optional[str]) -> None:
+        # A role verl never starts is named, not read: its section may be
+        # half-configured (a strategy inherited from the actor, no sizes).
+        if why_not is None:
+            consider(role, _section_engine(config, path, kinds))
+        elif _mapping(config, path).get("strategy") not in _UNSET:
             omitted[role] = why_not
 
-    consider("actor", _section_engine(config, ACTOR, kinds), None)
-    consider("rollout", _named_engine(config, f"{ROLLOUT}.name", kinds), None)
-    consider("ref", _section_engine(config, REF, kinds), _why_no_ref(config))
-    consider("critic", _section_engine(config, CRITIC, kinds), _why_no_critic(config))
-    consider("reward_model", *_reward_model(config, kinds))
-    consider("teacher", *_teacher(config, kinds))
+    consider("actor", _section_engine(config, ACTOR, kinds))
+    consider("rollout", _named_engine(config, f"{ROLLOUT}.name", kinds))
+    trained("ref", REF, _why_no_ref(config))
+    trained("critic", CRITIC, _why_no_critic(config))
+    consider("reward_model", _reward_model(config, kinds))
+    consider("teacher", _teacher(config, kinds))
     hybrid = _flag(config, "actor_rollout_ref.hybrid_engine", True)
     processes, others = _processes(engines, hybrid)
     return Spec.of(engines, framework="verl", omitted=omitted, processes=processes,
@@ -212,26 +215,22 @@ def _why_no_ref(config: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def _reward_model(config: Mapping[str, Any], kinds: Mapping[str, str]
-                  ) -> Tuple[Optional[Engine], Optional[str]]:
+def _reward_model(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Optional[Engine]:
     """verl 0.9 serves a reward model with inference engines (reward.reward_model,
     engine named by its rollout.name); older verl trained one under a top-level
     reward_model section with a strategy. The newer section wins."""
     if _flag(config, f"{REWARD}.enable", False):
-        return _named_engine(config, f"{REWARD}.rollout.name", kinds), None
+        return _named_engine(config, f"{REWARD}.rollout.name", kinds)
     if _flag(config, f"{LEGACY_REWARD}.enable", False):
         engine = _section_engine(config, LEGACY_REWARD, kinds)
-        if engine is None:
-            engine = _named_engine(config, f"{LEGACY_REWARD}.rollout.name", kinds)
-        return engine, None
-    return None, None
+        return engine or _named_engine(config, f"{LEGACY_REWARD}.rollout.name", kinds)
+    return None
 
 
-def _teacher(config: Mapping[str, Any], kinds: Mapping[str, str]
-             ) -> Tuple[Optional[Engine], Optional[str]]:
+def _teacher(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Optional[Engine]:
     """Distillation teachers are inference servers (teacher_models.<name>.inference.name)."""
     if not _flag(config, f"{DISTILLATION}.enabled", False):
-        return None, None
+        return None
     teachers = _mapping(config, f"{DISTILLATION}.teacher_models")
     found = [_named_engine(config, f"{DISTILLATION}.teacher_models.{name}.inference.name", kinds)
              for name in teachers]
@@ -244,14 +243,16 @@ def _teacher(config: Mapping[str, Any], kinds: Mapping[str, str]
         raise FieldValueError(f"{FIELD}: {DISTILLATION}.teacher_models mixes engine kinds "
                               f"({', '.join(e.describe() for e in found)}); verl serves "
                               "teachers with inference engines")
-    return found[0], None
+    return found[0]
 
 
 def _processes(engines: Mapping[str, Engine], hybrid: bool
                ) -> Tuple[Tuple[ProcessRule, ...], Optional[Tuple[str, ...]]]:
     """How the agent recognises each of verl's process kinds. Trainer worker
-    groups get a random WG_PREFIX, so they are "the others"; with the hybrid
-    engine the rollout runs inside them and takes their value."""
+    groups (and an older verl's reward-model worker group) get a random
+    WG_PREFIX, so they are "the others": every role not served by an
+    inference engine. With the hybrid engine the rollout runs inside the
+    trainer's processes and takes their value."""
     rules = [ProcessRule((role,), "WG_PREFIX", prefix)
              for role, prefix in _WORKER_GROUPS if role in engines]
     servers = tuple(role for role in ("rollout", "reward_model", "teacher")
@@ -260,7 +261,8 @@ def _processes(engines: Mapping[str, Engine], hybrid: bool
         rules.append(ProcessRule(servers, _SERVER_VARIABLE, "1"))
     if not rules:
         return (), None
-    others = tuple(role for role in TRAINING_ROLES if role in engines)
+    others = tuple(role for role in ROLES
+                   if role in engines and engines[role].kind != INFERENCE)
     if hybrid and "rollout" in engines and not others:
         others = ("rollout",)
     return tuple(rules), others
