@@ -25,10 +25,19 @@ FAKES = Path(__file__).parent / "tests" / "fakes"
 _FAKE_PATH = f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def _smi_node(name: str, **env: str) -> SimulatedNode:
+def _smi_node(name: str, probe: str = "nvidia-smi", **env: str) -> SimulatedNode:
     # No fake GPU list: the probe goes to nvidia-smi, here tests/fakes/nvidia-smi.
-    return SimulatedNode(name, "", {"RAY_MEGATRON_ENV_PROBE": "nvidia-smi",
-                                    "PATH": _FAKE_PATH, **env})
+    return SimulatedNode(name, "", {"RAY_MEGATRON_ENV_PROBE": probe, "PATH": _FAKE_PATH, **env})
+
+
+def _device_root(workdir: Path, name: str, *entries: str) -> str:
+    """A folder laid out like / for the probe's last step: the NVIDIA kernel
+    module's device listing and AMD's /dev/kfd, as a node shows them."""
+    root = workdir / name
+    for entry in entries:
+        (root / entry).mkdir(parents=True, exist_ok=True)
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    return str(root)
 
 
 def _shadow_install(workdir: Path, name: str, change: Callable[[Path], None]) -> str:
@@ -56,8 +65,15 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
     older = _shadow_install(workdir, "older", _older)
     plugins = ('[{"class": "other_plugin.OtherPlugin"}, '
                '{"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}]')
+    # Probe fallbacks on real nodes. This machine has no NVML library and no
+    # nvidia-smi; these nodes show what such a node gets when the kernel
+    # lists NVIDIA devices, and when it has an AMD compute device.
+    nvidia_listed = _device_root(workdir, "nvidia_listed", "proc/driver/nvidia/gpus/0000:3b:00.0")
+    amd = _device_root(workdir, "amd", "dev/kfd")
     return (
         SimulatedNode("h100", "9.0"),
+        SimulatedNode("nvidia_listed", "", {"RAY_MEGATRON_ENV_DEVICE_ROOT": nvidia_listed}),
+        SimulatedNode("amd", "", {"RAY_MEGATRON_ENV_DEVICE_ROOT": amd}),
         SimulatedNode("broken_install", "9.0", {"PYTHONPATH": broken}),
         SimulatedNode("old_install", "9.0", {"PYTHONPATH": older}),
         SimulatedNode("two_plugins", "8.0", {"PYTHONPATH": str(FAKES),
@@ -75,7 +91,8 @@ NODE_SETS: Dict[str, NodeSet] = {
         SimulatedNode("a100_inherit1", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
         SimulatedNode("h100_inherit4", "9.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}),
         SimulatedNode("unplugged", "9.0", plugin=False),
-        _smi_node("smi", CUDA_VISIBLE_DEVICES="GPU-22222222"),
+        # NVML in auto mode (it cannot load here), then the fake nvidia-smi.
+        _smi_node("smi", probe="auto", CUDA_VISIBLE_DEVICES="GPU-22222222"),
         _smi_node("smi_hang", FAKE_NVIDIA_SMI="hang"),
         SimulatedNode("real_nvml", ""),  # the real NVML path on this machine
         SimulatedNode("bad_fake", "9.x"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .decision import DECISION_VARIABLE, Decision
 from .rules import VARIABLE
@@ -83,17 +83,26 @@ def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
 
     Needs a connected driver (``ray.init``). Actors ask for no resources and
     are pinned by node id, so nodes with and without GPUs (or CPUs) are all
-    reached; each is killed as soon as it has answered.
+    reached; each ends as soon as it has answered.
     """
+    return observe_many([(nodes, runtime_env)], timeout_s, labels)[0]
+
+
+def observe_many(plans: Sequence[Tuple[Iterable[Tuple[str, str]], Dict[str, Any]]],
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 labels: Optional[Dict[str, str]] = None) -> List[List[NodeReport]]:
+    """``observe`` for several runtime envs at once (one wait for all): a
+    list of reports per ``(nodes, runtime_env)`` plan."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote = ray.remote(num_cpus=0, max_restarts=0)(_WorkerView)
-    nodes = list(nodes)
+    targets = [(plan, list(nodes)) for plan, (nodes, _) in enumerate(plans)]
+    starts = [(plan, node) for plan, nodes in targets for node in nodes]
     actors = [remote.options(
-        runtime_env=runtime_env,
+        runtime_env=plans[plan][1],
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote() for node_id, _ in nodes]
+    ).remote() for plan, (node_id, _) in starts]
     pending = {actor.view.remote(): i for i, actor in enumerate(actors)}
     answers: Dict[int, Any] = {}
     ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
@@ -104,8 +113,10 @@ def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
             answers[pending[ref]] = exc
     _release(actors, answered={pending[ref] for ref in ready})
     labels = labels or {}
-    return [_report(node_id, ip, answers.get(i), timeout_s, labels.get(node_id))
-            for i, (node_id, ip) in enumerate(nodes)]
+    reports: List[List[NodeReport]] = [[] for _ in plans]
+    for i, (plan, (node_id, ip)) in enumerate(starts):
+        reports[plan].append(_report(node_id, ip, answers.get(i), timeout_s, labels.get(node_id)))
+    return reports
 
 
 def _release(actors: List[Any], answered: Iterable[int]) -> None:

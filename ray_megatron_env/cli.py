@@ -110,12 +110,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
-        print(format_reports(reports))
-        bad = [r for r in reports if not r.ok]
-        print(f"\n{len(reports)} node(s) checked, {len(bad)} with a problem.")
-        for r in bad:
-            print(f"  {short_id(r.node_id)} ({r.ip}): {r.problem()}")
+        print(format_check(reports))
     return PROBLEM if args.strict and any(not r.ok for r in reports) else OK
+
+
+def format_check(reports: List[Any]) -> str:
+    """``check``'s text: the table, a count, and each node's problem."""
+    bad = [r for r in reports if not r.ok]
+    lines = [format_reports(reports), "",
+             f"{len(reports)} node(s) checked, {len(bad)} with a problem."]
+    for r in bad:
+        lines += textwrap.wrap(f"{short_id(r.node_id)} ({r.ip}): {r.problem()}", 100,
+                               initial_indent="  ", subsequent_indent="      ",
+                               break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

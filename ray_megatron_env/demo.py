@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
-from .check import NodeReport, alive_nodes, observe
+from .check import NodeReport, alive_nodes, observe_many
 from .runtime_env import ConfigLike, build_runtime_env
 from .simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
 
@@ -73,11 +73,11 @@ def run_demo(config: Optional[ConfigLike] = None, roles: Sequence[Optional[str]]
     else:
         plans = [(s.title, role, build_runtime_env(s.config(), role=role))
                  for s in SCENARIOS for role in s.roles]
-    results = []
     with SimulatedCluster(nodes) as cluster:
         order = {node_id: i for i, node_id in enumerate(cluster.node_ids.values())}
         targets = sorted(alive_nodes(), key=lambda node: order.get(node[0], len(order)))
         labels = {node_id: name for name, node_id in cluster.node_ids.items()}
-        for title, role, env in plans:
-            results.append(DemoResult(title, role, observe(targets, env, labels=labels)))
+        observed = observe_many([(targets, env) for _, _, env in plans], labels=labels)
+        results = [DemoResult(title, role, reports)
+                   for (title, role, _), reports in zip(plans, observed)]
     return results

@@ -81,7 +81,11 @@ def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeGpu
         if method not in ("auto", name):
             continue
         try:
-            return run()
+            found = run()
+            if failures:  # say what was passed over to get here
+                found = dataclasses.replace(
+                    found, detail=f"{found.detail}; after {'; '.join(failures)}")
+            return found
         except VisibilityError as exc:
             return NodeGpus.unknown(name, str(exc))
         except ProbeError as exc:

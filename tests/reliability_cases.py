@@ -220,7 +220,10 @@ FAULTS: Tuple[Fault, ...] = (
            "test_probe.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
            "test_probe.py::test_an_amd_node_is_named_as_such",
            "test_probe.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
-           "test_plugin_cluster.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe")),
+           "test_plugin_cluster.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe",
+           "test_plugin_cluster.py::test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node",
+           "test_faults_cluster.py::test_nvidia_devices_listed_by_the_kernel_are_never_no_gpu",
+           "test_faults_cluster.py::test_an_amd_node_is_named_and_follows_megatrons_major_9")),
     Fault("an NVML call hangs in the driver", "given up after 3 s (unknown, conservative, "
           "reason recorded); the stuck call is never waited on again; nvidia-smi still asked",
           "nothing",

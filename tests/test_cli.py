@@ -255,3 +255,18 @@ def test_every_verb_ends_quietly_when_its_output_pipe_closes(argv):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == OK
     assert err == ""
+
+
+def test_check_reports_problems_but_fails_only_with_strict(capsys, monkeypatch):
+    from ray_megatron_env import check
+    from ray_megatron_env.check import NodeReport
+
+    unplugged = NodeReport("ab12cd34" + "0" * 48, "10.0.0.7", False, None)
+    monkeypatch.setattr(check, "check_cluster", lambda *a, **k: [unplugged])
+    code, out, _ = run(capsys, "check")
+    assert code == OK
+    assert "1 node(s) checked, 1 with a problem." in out
+    assert "ab12cd34 (10.0.0.7): the plugin is not registered on this node" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    code, _, _ = run(capsys, "check", "--strict")
+    assert code == 1

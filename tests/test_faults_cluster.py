@@ -93,3 +93,23 @@ def test_a_registered_but_missing_package_keeps_the_node_out(cluster):
     finally:  # Ray gives up after 30 s; stop it and whatever it started now
         os.killpg(ray_start.pid, signal.SIGKILL)
         ray_start.wait()
+
+
+def test_nvidia_devices_listed_by_the_kernel_are_never_no_gpu(cluster):
+    # Neither NVML nor nvidia-smi answers on this machine; the node's kernel
+    # listing shows one NVIDIA device: unknown capability, conservative class.
+    got = on(cluster, "nvidia_listed", build_runtime_env(MEGATRON_TP2))
+    decision = json.loads(got["RAY_MEGATRON_ENV_DECISION"])
+    assert decision["gpus"] is None and decision["probe"]["method"] == "listing"
+    assert "1 NVIDIA device(s)" in decision["probe"]["error"]
+    assert "0000:3b:00.0" in decision["probe"]["error"]
+    assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # Megatron TP=2, pre-Blackwell
+    assert "could not read the GPUs' compute capability" in decision["warnings"][0]
+
+
+def test_an_amd_node_is_named_and_follows_megatrons_major_9(cluster):
+    got = on(cluster, "amd", build_runtime_env(MEGATRON_TP2))
+    decision = json.loads(got["RAY_MEGATRON_ENV_DECISION"])
+    assert decision["gpus"] == ["amd"] and decision["probe"]["vendor"] == "amd"
+    assert "AMD (ROCm) GPUs" in decision["reason"]
+    assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"

@@ -65,9 +65,9 @@ def test_many_actors_at_once(cluster):
     plan = [(name, i) for n in range(ACTORS)
             for name, i in [(list(nodes)[n % len(nodes)], (n // len(nodes)) % len(ROLES))]]
 
-    # Warm up: one worker per node and env, so each agent has loaded the
-    # plugin and probed once; then measure the agents.
-    warm = start(cluster, [(name, envs[i]) for name, i in expected])
+    # Warm up: one worker per node, so each agent has loaded the plugin and
+    # probed once; then measure the agents.
+    warm = start(cluster, [(name, envs[0]) for name in nodes])
     agents = {d["probe"]["pid"] for _, d in warm}
     assert len(agents) == len(nodes)
     before = {pid: rss_mib(pid) for pid in agents}

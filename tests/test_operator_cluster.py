@@ -12,8 +12,10 @@ import yaml
 
 from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_TP1, MEGATRON_TP2, MEGATRON_YAML, verl
 from ray_megatron_env import build_runtime_env, check_cluster, explain
-from ray_megatron_env.check import alive_nodes, observe
-from ray_megatron_env.cli import PROBLEM
+from ray_megatron_env.check import alive_nodes, observe, observe_many
+from ray_megatron_env.check import NodeReport
+from ray_megatron_env.cli import PROBLEM, format_check
+from ray_megatron_env.decision import Decision
 from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
 
 from conftest import NODE_SETS
@@ -23,12 +25,18 @@ CLI = [sys.executable, "-m", "ray_megatron_env"]
 PROBE_FAILS = {"bad_fake", "smi_hang"}
 
 
-def test_check_strict_names_the_node_without_the_plugin(cluster):
+@pytest.fixture(scope="module")
+def strict_check(cluster):
+    """One `check --strict --json` run over the whole cluster, as a user runs it."""
     result = subprocess.run([*CLI, "check", "--address", cluster.address, "--config",
                              str(MEGATRON_YAML), "--strict", "--json"],
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == PROBLEM, result.stderr
-    reports = json.loads(result.stdout)
+    return result
+
+
+def test_check_strict_names_the_node_without_the_plugin(cluster, strict_check):
+    assert strict_check.returncode == PROBLEM, strict_check.stderr
+    reports = json.loads(strict_check.stdout)
     assert len(reports) == len(NODE_SETS["standard"])
     by_id = {r["node_id"]: r for r in reports}
     unplugged = by_id[cluster.node_ids["unplugged"]]
@@ -43,17 +51,25 @@ def test_check_strict_names_the_node_without_the_plugin(cluster):
                if node_id not in bad)
     h100 = by_id[cluster.node_ids["h100"]]
     assert (h100["value"], h100["decision"]["gpus"]) == ("1", ["9.0", "9.0"])
+    # NVML cannot load on the "smi" node; its nvidia-smi reports 9.0 there.
+    smi = by_id[cluster.node_ids["smi"]]
+    assert (smi["value"], smi["decision"]["gpus"]) == ("1", ["9.0"])
+    assert smi["decision"]["probe"]["method"] == "nvidia-smi"
 
 
-def test_check_text_output_names_the_node_by_id_and_ip(cluster):
-    result = subprocess.run([*CLI, "check", "--address", cluster.address],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0  # not --strict: report only
+def test_check_text_names_the_node_by_short_id_and_ip(cluster, strict_check):
+    # The same reports as check prints them without --json.
+    reports = [NodeReport(**{**{k: v for k, v in r.items() if k not in ("ok", "problem")},
+                             "decision": Decision.from_dict(r["decision"])
+                             if r["decision"] else None})
+               for r in json.loads(strict_check.stdout)]
+    text = format_check(reports)
     unplugged = cluster.node_ids["unplugged"]
-    assert f"{unplugged[:8]} (" in result.stdout and "not registered" in result.stdout
-    assert unplugged not in result.stdout  # short ids in text; --json has the full ones
-    assert f"{len(NODE_SETS['standard'])} node(s) checked, 3 with a problem." in result.stdout
-    assert "PROBLEM: the GPU probe failed" in result.stdout
+    assert f"{unplugged[:8]} (" in text and "not registered" in text
+    assert unplugged not in text  # short ids in text; --json has the full ones
+    assert f"{len(NODE_SETS['standard'])} node(s) checked, 3 with a problem." in text
+    assert "PROBLEM: the GPU probe failed" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
 
 
 def test_check_cluster_api_from_a_connected_driver(cluster):
@@ -86,26 +102,30 @@ EXPLAINED_NODES = ("cpu_head", "v100", "a100", "h100", "b200", "h100_b200",
                    "a100_inherit1", "h100_inherit4")
 
 
-@pytest.mark.parametrize("overrides,base,role", [
+EXPLAINED = [  # (overrides, base, role)
     (MEGATRON_TP2, MEGATRON_YAML, None), (MEGATRON_TP2, MEGATRON_YAML, "actor"),
     (MEGATRON_TP1, MEGATRON_YAML, None), (MEGATRON_FSDP, MEGATRON_YAML, None),
     ((), FSDP_YAML, None),
-])
-def test_explain_gives_the_same_decision_as_the_plugin_on_each_node(cluster, overrides, base,
-                                                                      role):
-    config = verl(*overrides, base=base)
+]
+
+
+def test_explain_gives_the_same_decision_as_the_plugin_on_each_node(cluster):
     nodes = {name: node for name, node in ((n.name, n) for n in NODE_SETS["standard"])
              if name in EXPLAINED_NODES}
-    reports = observe([(cluster.node_ids[name], "-") for name in nodes],
-                      build_runtime_env(config, role=role))
-    for (name, node), report in zip(nodes.items(), reports):
-        offline = explain(config, node.fake_gpus, role=role,
-                          node_value=node.env.get("CUDA_DEVICE_MAX_CONNECTIONS"))
-        on_node = report.decision
-        assert report.value == offline.value, name
-        for key in ("value", "source", "reason", "requirement", "gpus", "engines", "rules",
-                    "warnings", "satisfied", "conflict", "node_value"):
-            assert getattr(on_node, key) == getattr(offline, key), (name, key)
+    targets = [(cluster.node_ids[name], "-") for name in nodes]
+    configs = [(verl(*overrides, base=base), role) for overrides, base, role in EXPLAINED]
+    observed = observe_many([(targets, build_runtime_env(config, role=role))
+                             for config, role in configs])
+    for (config, role), reports in zip(configs, observed):
+        for (name, node), report in zip(nodes.items(), reports):
+            offline = explain(config, node.fake_gpus, role=role,
+                              node_value=node.env.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+            on_node = report.decision
+            assert report.value == offline.value, (name, role)
+            for key in ("value", "source", "reason", "requirement", "gpus", "engines", "rules",
+                        "strengths", "because", "warnings", "satisfied", "conflict",
+                        "node_value", "process", "framework"):
+                assert getattr(on_node, key) == getattr(offline, key), (name, role, key)
 
 
 def run_driver(cluster, tmp_path, *parts, env=None):

@@ -148,10 +148,15 @@ def test_a_node_without_the_plugin_ignores_the_field(cluster):
     assert on_nodes(cluster, env, ["unplugged"]) == {"unplugged": (None, None)}
 
 
-def test_nvidia_smi_path_on_a_real_node(cluster):
-    # tests/fakes/nvidia-smi lists 8.0 and 9.0; the node shows workers GPU-2222... only.
+def test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node(cluster):
+    # The node probes in auto mode: NVML first, which cannot load here, then
+    # tests/fakes/nvidia-smi on its PATH, which lists 8.0 and 9.0; the node
+    # shows workers GPU-2222... (9.0) only.
+    if probe_gpus({}).method == "nvml":
+        pytest.skip("NVML loads on this machine, so the node would not fall back")
     (value, decision), = on_nodes(cluster, build_runtime_env(verl()), ["smi"]).values()
     assert decision["gpus"] == ["9.0"] and decision["probe"]["method"] == "nvidia-smi"
+    assert "the NVML library (libnvidia-ml) cannot be loaded" in decision["probe"]["detail"]
     assert value == "1"
 
 

@@ -264,3 +264,27 @@ def test_a_ref_verl_never_creates_is_not_read_even_half_configured():
     decision = explain(FIXTURES / "grpo_mlite_actor_only.yaml", "9.0")
     assert decision.engines == {"actor": "mlite TP=1 CP=8 EP=8 torch-FSDP2"}
     assert "ref: not created: neither actor.use_kl_loss nor" in decision.reason
+
+
+MOE_A2A = (f"+{ACTOR}.megatron.override_transformer_config.overlap_moe_expert_parallel_comm=true",
+           f"+{ACTOR}.megatron.expert_model_parallel_size=8")
+
+
+@pytest.mark.parametrize("gpus", ["8.0", "9.0", "10.0", "9.0,10.0"])
+@pytest.mark.parametrize("node_value", [None, "1"])
+def test_moe_a2a_overlap_never_gets_1(gpus, node_value):
+    # Golden (Megatron-LM moe/README.md: the overlap needs more than 1; 32 as
+    # Megatron-Bridge and Megatron-LM's launch guide use): the actor with
+    # MoE A2A overlap asks "not 1, 32 preferred" on every architecture.
+    decision = explain(plain(*MOE_A2A), gpus, role="actor", node_value=node_value)
+    assert decision.value == "32"
+    assert decision.engines == {"actor": "megatron TP=2 CP=1 EP=8 MoE-A2A-overlap"}
+
+
+def test_a_megatron_fsdp_critic_beside_a_tp2_actor_is_warned_about_by_name():
+    # verl builds Megatron-Core directly: both are preferences; 1 is kept and
+    # the critic, whose Megatron-FSDP would rather not run with 1, is named.
+    decision = explain(plain("critic.megatron.use_megatron_fsdp=true"), "9.0")
+    assert decision.value == "1" and decision.satisfied and decision.conflict
+    assert any(w.startswith("critic (megatron TP=1 CP=1 Megatron-FSDP) asks not 1")
+               and "role='critic'" in w for w in decision.warnings)

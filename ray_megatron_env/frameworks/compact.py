@@ -52,15 +52,8 @@ def read_compact(value: Mapping[str, Any]) -> Spec:
         )
     if version == 1:
         _unknown(value, ("version", "engines"), "the compact form, version 1")
-    engines = value.get("engines")
-    if not isinstance(engines, Mapping):
-        raise fail_type("engines", "a mapping of role -> engine", engines)
-    if len(engines) > MAX_ENGINES:
-        raise FieldValueError(f"{FIELD}: engines has {len(engines)} roles; at most {MAX_ENGINES}")
-    parsed = {}
-    for role, raw in engines.items():
-        read_name(role, "engines (a role name)")
-        parsed[role] = read_compact_engine(raw, f"engines.{role}")
+    engines = _by_role(value.get("engines"), "engines", "engine")
+    parsed = {role: read_compact_engine(raw, f"engines.{role}") for role, raw in engines.items()}
     framework = value.get("framework")
     if framework is not None:
         framework = read_name(framework, "framework")
@@ -95,16 +88,22 @@ def read_compact_engine(raw: Any, key: str) -> Engine:
     return Engine(strategy, kind, **sizes, **flags, checks=checks)
 
 
+def _by_role(raw: Any, key: str, holds: str) -> Mapping[str, Any]:
+    """A mapping keyed by role name, checked: its type, size and names."""
+    if not isinstance(raw, Mapping):
+        raise fail_type(key, f"a mapping of role -> {holds}", raw)
+    if len(raw) > MAX_ENGINES:
+        raise FieldValueError(f"{FIELD}: {key} has {len(raw)} roles; at most {MAX_ENGINES}")
+    for role in raw:
+        read_name(role, f"{key} (a role name)")
+    return raw
+
+
 def _read_omitted(raw: Any, engines: Mapping[str, Engine]) -> Dict[str, str]:
     if raw is None:
         return {}
-    if not isinstance(raw, Mapping):
-        raise fail_type("omitted", "a mapping of role -> why it is not created", raw)
-    if len(raw) > MAX_ENGINES:
-        raise FieldValueError(f"{FIELD}: omitted has {len(raw)} roles; at most {MAX_ENGINES}")
     out = {}
-    for role, why in raw.items():
-        read_name(role, "omitted (a role name)")
+    for role, why in _by_role(raw, "omitted", "why it is not created").items():
         if role in engines:
             raise FieldValueError(f"{FIELD}: role {role!r} is both in engines and in omitted")
         out[role] = read_note(why, f"omitted.{role}")
