@@ -10,7 +10,7 @@ missing registration is observed, not assumed.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .decision import DECISION_VARIABLE, Decision

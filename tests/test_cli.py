@@ -12,7 +12,6 @@ import yaml
 from configs import FSDP_YAML, MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.cli import BAD_INPUT, OK, UNREACHABLE, main
-from ray_megatron_env.explanation import explain
 from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
 
 PLUGIN = {"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}

@@ -11,7 +11,7 @@ import time
 import pytest
 import ray
 
-from configs import MEGATRON_YAML, verl
+from configs import verl
 from ray_megatron_env import build_runtime_env
 from conftest import NODE_SETS
 

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-import yaml
 
 from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_TP1, MEGATRON_TP2, MEGATRON_YAML, verl
 from ray_megatron_env import build_runtime_env, check_cluster, explain
