@@ -20,6 +20,14 @@ from .plugin import CLASS_PATH
 from .probe import FAKE_VARIABLE
 
 PLUGINS_VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
+# Every simulated node's raylet shares this machine's few cores. Under load
+# (a burst of worker starts) a raylet can answer the GCS health check later
+# than Ray's default allows (5 misses of a 3 s period), and the GCS then
+# declares a live node dead: its work is lost, and the driver prints Ray's
+# "node ... has been marked dead because the detector has missed too many
+# heartbeats" warning. A simulated node only dies when it is shut down, so
+# the GCS waits two minutes of missed checks instead.
+HEALTH_CHECK = {"health_check_period_ms": 3000, "health_check_failure_threshold": 40}
 REGISTRATION = json.dumps([{"class": CLASS_PATH}])
 
 
@@ -87,7 +95,7 @@ class SimulatedCluster:
         self._cluster = Cluster(shutdown_at_exit=True)
         try:
             head, *others = self.nodes
-            self.add(head, include_dashboard=False)
+            self.add(head, include_dashboard=False, _system_config=HEALTH_CHECK)
             for node in others:
                 self.add(node)
             if connect:
