@@ -18,7 +18,6 @@ from ..values import (
     FIELD, fail_type, parse_connections, read_flag, read_name, read_size, read_token,
 )
 
-NAME = "compact"
 MAX_ENGINES = 64
 MAX_PROCESS_RULES = 16
 ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks")
