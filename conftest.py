@@ -97,13 +97,12 @@ NODE_SETS: Dict[str, NodeSet] = {
         SimulatedNode("real_nvml", ""),  # the real NVML path on this machine
         SimulatedNode("bad_fake", "9.x"),
     ),
-    # Every node registered: what a correctly set up cluster looks like.
-    "registered": MIXED_NODES[:4],
     # Registration and install faults (built in a temp dir when first used).
     "faults": fault_nodes,
-    # What verl's RayResourcePool places on: GPUs and Ray's accelerator_type
-    # resources (logical only), behind a CPU-only head.
-    "verl": (
+    # Every node registered: what a correctly set up cluster looks like, and
+    # what verl's RayResourcePool places on (GPUs and Ray's accelerator_type
+    # resources, logical only), behind a CPU-only head.
+    "registered": (
         SimulatedNode("cpu_head", "none", cpus=2),
         # Two trainer ranks on each; a one-rank rollout group beside them on H100.
         *(SimulatedNode(name, gpus_seen, cpus=gpus, gpus=gpus,
@@ -189,6 +188,10 @@ def our_ray_processes(token: str) -> Dict[int, str]:
 def pytest_sessionstart(session):
     session.config._rme_token = f"{os.getpid()}-{time.time_ns()}"
     os.environ[SESSION_VARIABLE] = session.config._rme_token
+    # Ray's agent tries a failing runtime env setup 3 times, 1 s apart, before
+    # the worker's caller gets RuntimeEnvSetupError; the tests that expect that
+    # error see the same retries 0.1 s apart (the agent reads this variable).
+    os.environ.setdefault("RUNTIME_ENV_RETRY_INTERVAL_MS", "100")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -19,4 +19,4 @@ def test_check_strict_passes_and_reports_every_node(cluster):
     assert len(reports) == len(NODE_SETS["registered"])
     assert all(r["ok"] and r["registered"] and r["problem"] is None for r in reports)
     gpus = sorted(tuple(r["decision"]["gpus"]) for r in reports)
-    assert gpus == [(), ("7.0",), ("8.0",), ("9.0", "9.0")]
+    assert gpus == [(), ("10.0",), ("8.0",), ("9.0", "9.0")]

@@ -5,14 +5,13 @@ process, nothing deadlocks, and the agents' memory does not grow with the
 number of workers. About 200 worker processes: marked slow, run by .ci/run.
 """
 
-import json
 import time
 
 import pytest
-import ray
 
 from configs import verl
 from ray_megatron_env import build_runtime_env
+from ray_megatron_env.check import observe_many
 from conftest import NODE_SETS
 
 CLUSTER = "registered"
@@ -22,20 +21,14 @@ pytestmark = pytest.mark.slow
 ROLES = ("actor", "critic", "rollout", ("actor", "rollout"), None)
 # Golden values, written from the rule table for verl_megatron.yaml with an
 # FSDP critic (actor and ref Megatron TP=2, rollout vLLM): per role, on a node
-# with GPUs older than Blackwell. A node without GPUs gets nothing for any.
-# None (every role, one job env): the worker has no WG_PREFIX, so it is one of
-# verl's trainer processes: actor, ref (1) and the FSDP critic (not 1) share
-# it; the preferences conflict and 1 wins.
+# with GPUs older than Blackwell. A node without GPUs, and a Blackwell node
+# (Megatron-LM asks for 1 only below compute capability 10), get nothing for
+# any. None (every role, one job env): the worker has no WG_PREFIX, so it is
+# one of verl's trainer processes: actor, ref (1) and the FSDP critic (not 1)
+# share it; the preferences conflict and 1 wins.
 GOLDEN_PRE_BLACKWELL = {"actor": "1", "critic": None, "rollout": None,
                         ("actor", "rollout"): "1", None: "1"}
-
-
-@ray.remote(num_cpus=0)
-class Worker:
-    def seen(self):
-        import os
-        return (os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-                json.loads(os.environ["RAY_MEGATRON_ENV_DECISION"]))
+NOTHING_SET = ("none", "10.0")
 
 
 def rss_mib(pid):
@@ -47,20 +40,21 @@ def rss_mib(pid):
 
 
 def start(cluster, plan):
-    actors = [Worker.options(runtime_env=envs, **cluster.pin(node)).remote()
-              for node, envs in plan]
-    results = ray.get([a.seen.remote() for a in actors], timeout=900)
-    for actor in actors:
-        ray.kill(actor)
-    return results
+    """One actor per (node, runtime env) of ``plan``, all started at once, the
+    way ``check`` starts them (each ends as soon as it has answered):
+    [(value, decision)]."""
+    observed = observe_many([([(cluster.node_ids[node], "-")], env) for node, env in plan],
+                            timeout_s=900)
+    assert all(report.error is None for report, in observed), observed
+    return [(report.value, report.decision) for report, in observed]
 
 
 def test_many_actors_at_once(cluster):
     config = verl("critic.strategy=fsdp")
     envs = [build_runtime_env(config, role=role) for role in ROLES]
     nodes = {node.name: node for node in NODE_SETS[CLUSTER]}
-    assert {node.fake_gpus for node in nodes.values()} == {"none", "7.0", "8.0", "9.0,9.0"}
-    expected = {(name, i): None if node.fake_gpus == "none" else GOLDEN_PRE_BLACKWELL[ROLES[i]]
+    assert {node.fake_gpus for node in nodes.values()} == {"none", "8.0", "9.0,9.0", "10.0"}
+    expected = {(name, i): None if node.fake_gpus in NOTHING_SET else GOLDEN_PRE_BLACKWELL[ROLES[i]]
                 for name, node in nodes.items() for i in range(len(ROLES))}
     plan = [(name, i) for n in range(ACTORS)
             for name, i in [(list(nodes)[n % len(nodes)], (n // len(nodes)) % len(ROLES))]]
@@ -68,7 +62,7 @@ def test_many_actors_at_once(cluster):
     # Warm up: one worker per node, so each agent has loaded the plugin and
     # probed once; then measure the agents.
     warm = start(cluster, [(name, envs[0]) for name in nodes])
-    agents = {d["probe"]["pid"] for _, d in warm}
+    agents = {d.probe["pid"] for _, d in warm}
     assert len(agents) == len(nodes)
     before = {pid: rss_mib(pid) for pid in agents}
 
@@ -79,9 +73,8 @@ def test_many_actors_at_once(cluster):
 
     by_node = {}
     for (name, i), (value, decision) in zip(plan, results):
-        assert value == decision["value"] == expected[name, i], (name, ROLES[i])
-        by_node.setdefault(name, set()).add((decision["probe"]["pid"],
-                                             decision["probe"]["probed_at"]))
+        assert value == decision.value == expected[name, i], (name, ROLES[i])
+        by_node.setdefault(name, set()).add((decision.probe["pid"], decision.probe["probed_at"]))
     # One probe per node: every decision there carries the same agent pid and
     # the same probe time as the warm-up's.
     for name, probes in by_node.items():

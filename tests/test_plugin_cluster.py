@@ -21,8 +21,11 @@ from configs import (
     ACTOR, FSDP_YAML, MEGATRON_CP2, MEGATRON_FSDP, MEGATRON_TP1, MEGATRON_TP2, REF_ONLY,
     REWARD_MODEL_ONLY, verl,
 )
-from ray_megatron_env import build_runtime_env
+from ray_megatron_env import build_runtime_env, explain
+from ray_megatron_env.check import observe_many
 from ray_megatron_env.probe import probe_gpus
+
+from conftest import NODE_SETS
 
 MIXED = ("cpu_head", "v100", "a100", "h100", "b200", "h100_b200")
 PRE_BLACKWELL = {"v100", "a100", "h100", "h100_b200"}
@@ -54,35 +57,65 @@ def values(results):
     return {node: value for node, (value, _) in results.items()}
 
 
-CASES = {
-    "megatron TP=2": (verl(*MEGATRON_TP2), PRE_BLACKWELL),
-    "megatron CP=2": (verl(*MEGATRON_CP2), PRE_BLACKWELL),
-    "megatron TP=1 CP=1": (verl(*MEGATRON_TP1), set()),
-    "megatron-fsdp": (verl(*MEGATRON_FSDP), set()),
-    "ref policy alone": (verl(*REF_ONLY), PRE_BLACKWELL),
-    "reward model alone": (verl(*REWARD_MODEL_ONLY), PRE_BLACKWELL),
-    "fsdp": (verl(base=FSDP_YAML), set()),
+CASES = {  # name: (config, role, nodes that get 1 among MIXED)
+    "megatron TP=2": (verl(*MEGATRON_TP2), None, PRE_BLACKWELL),
+    "megatron TP=2, actor role": (verl(*MEGATRON_TP2), "actor", PRE_BLACKWELL),
+    "megatron CP=2": (verl(*MEGATRON_CP2), None, PRE_BLACKWELL),
+    "megatron TP=1 CP=1": (verl(*MEGATRON_TP1), None, set()),
+    "megatron-fsdp": (verl(*MEGATRON_FSDP), None, set()),
+    "ref policy alone": (verl(*REF_ONLY), None, PRE_BLACKWELL),
+    "reward model alone": (verl(*REWARD_MODEL_ONLY), None, PRE_BLACKWELL),
+    "fsdp": (verl(base=FSDP_YAML), None, set()),
     "veomni": (verl(f"{ACTOR}.strategy=veomni", "actor_rollout_ref.ref.strategy=veomni",
-                    "critic.strategy=veomni", base=FSDP_YAML), set()),
+                    "critic.strategy=veomni", base=FSDP_YAML), None, set()),
     "torchtitan": (verl(f"{ACTOR}.strategy=torchtitan", "critic.strategy=torchtitan",
-                        base=FSDP_YAML), set()),
+                        base=FSDP_YAML), None, set()),
 }
+# Nodes whose own CUDA_DEVICE_MAX_CONNECTIONS competes with the decision: the
+# offline explanation must agree there too (source "node" or "policy").
+INHERITING = ("a100_inherit1", "h100_inherit4")
+ON_INHERITING = ("megatron TP=2", "megatron TP=2, actor role", "megatron TP=1 CP=1",
+                 "megatron-fsdp", "fsdp")
 
 
-def test_each_config_gets_1_exactly_on_pre_blackwell_nodes(cluster):
-    # All configs on all mixed nodes at once: 54 workers, one round trip.
-    envs = {name: build_runtime_env(config) for name, (config, _) in CASES.items()}
-    refs = {(name, node): worker_env.options(runtime_env=env, **cluster.pin(node)).remote()
-            for name, env in envs.items() for node in MIXED}
-    got = dict(zip(refs, ray.get(list(refs.values()), timeout=300)))
-    for name, (_, nodes_with_1) in CASES.items():
+@pytest.fixture(scope="module")
+def every_case(cluster):
+    """{(case, node): (value, Decision)}: every case on every mixed node, and
+    some on the inheriting nodes, in one round of workers (70 at once)."""
+    envs = {name: build_runtime_env(config, role=role)
+            for name, (config, role, _) in CASES.items()}
+    plan = [(name, node) for name in CASES for node in MIXED]
+    plan += [(name, node) for name in ON_INHERITING for node in INHERITING]
+    observed = observe_many([([(cluster.node_ids[node], "-")], envs[name]) for name, node in plan],
+                            timeout_s=300)
+    assert all(report.error is None for report, in observed), observed
+    return {key: (report.value, report.decision) for key, (report,) in zip(plan, observed)}
+
+
+def test_each_config_gets_1_exactly_on_pre_blackwell_nodes(every_case):
+    for name, (_, _, nodes_with_1) in CASES.items():
         expected = {node: "1" if node in nodes_with_1 else None for node in MIXED}
-        assert {node: got[name, node][0] for node in MIXED} == expected, name
+        assert {node: every_case[name, node][0] for node in MIXED} == expected, name
         for node in MIXED:
-            decision = json.loads(got[name, node][1])
-            assert decision["value"] == expected[node]
-            assert decision["gpus"] == GPUS[node]
-            assert decision["reason"].endswith(".")
+            decision = every_case[name, node][1]
+            assert decision.value == expected[node]
+            assert decision.gpus == GPUS[node]
+            assert decision.reason.endswith(".")
+
+
+def test_explain_gives_the_same_decision_as_the_plugin_on_each_node(every_case):
+    nodes = {node.name: node for node in NODE_SETS["standard"]}
+    assert len(every_case) == len(CASES) * len(MIXED) + len(ON_INHERITING) * len(INHERITING)
+    for (name, node_name), (value, on_node) in every_case.items():
+        config, role, _ = CASES[name]
+        node = nodes[node_name]
+        offline = explain(config, node.fake_gpus, role=role,
+                          node_value=node.env.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+        assert value == offline.value, (name, node_name)
+        for key in ("value", "source", "reason", "requirement", "gpus", "engines", "rules",
+                    "strengths", "because", "warnings", "satisfied", "conflict",
+                    "node_value", "process", "framework"):
+            assert getattr(on_node, key) == getattr(offline, key), (name, node_name, key)
 
 
 def test_decision_reads_back_inside_an_actor(cluster):

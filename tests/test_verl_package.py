@@ -26,7 +26,7 @@ from ray.util.placement_group import remove_placement_group  # noqa: E402
 
 from ray_megatron_env import build_runtime_env  # noqa: E402
 
-CLUSTER = "verl"
+CLUSTER = "registered"
 VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 # Golden, from the rule table: verl_megatron.yaml (Megatron TP=2 actor and
 # ref, Megatron TP=1 critic, vLLM rollout) with hybrid_engine false, so the
