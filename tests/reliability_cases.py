@@ -8,7 +8,7 @@ rewrites it, and test_docs.py fails if it drifts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Tuple
 

@@ -103,7 +103,7 @@ def test_bad_input_exits_2_with_the_helpers_message(capsys, argv, words):
 
 def test_explain_bad_config_message_is_the_driver_helpers(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(f"actor_rollout_ref:\n  actor:\n    strategy: megatorn\n")
+    bad.write_text("actor_rollout_ref:\n  actor:\n    strategy: megatorn\n")
     with pytest.raises(ValueError) as info:
         build_runtime_env(bad)
     code, _, err = run(capsys, "explain", bad, "--gpus", "9.0")
@@ -182,7 +182,7 @@ def test_runtime_env_without_take_over_keeps_the_value_explicit(capsys, tmp_path
     base = tmp_path / "runtime_env.yaml"
     base.write_text(VERL_RUNTIME_ENV)
     _, out, _ = run(capsys, "runtime-env", MEGATRON_YAML, "--base", base, "--json",
-                    "--role", "critic", f"--role=actor")
+                    "--role", "critic", "--role=actor")
     env = json.loads(out)
     assert env["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert sorted(env["megatron_env"]["engines"]) == ["actor", "critic"]
