@@ -101,7 +101,9 @@ class SimulatedCluster:
         self._cluster = Cluster(shutdown_at_exit=True)
         try:
             head, *others = self.nodes
-            self.add(head, include_dashboard=False, _system_config=HEALTH_CHECK)
+            # No fixed dashboard port: another Ray on this machine may hold 8265.
+            self.add(head, include_dashboard=False, dashboard_port=None,
+                     _system_config=HEALTH_CHECK)
             for node in others:
                 self.add(node)
             if connect:
