@@ -7,10 +7,11 @@ for ``env_vars`` and a fake probe.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping, MutableMapping, Optional
 
-from .decision import DECISION_VARIABLE, EXPLICIT, Decision, decide_for_worker
+from .decision import DECISION_VARIABLE, EXPLICIT, VIA_PLUGIN, Decision, decide_for_worker
 from .field import explicit_value, parse_field
 from .gpus import NodeGpus
 from .probe import ProbeCache
@@ -43,6 +44,7 @@ class NodeAgent:
         """
         decision = decide_for_worker(parse_field(runtime_env.get(FIELD)), self.cache.get(),
                                      env_vars, inherited=node_environ.get(VARIABLE))
+        decision = dataclasses.replace(decision, via=VIA_PLUGIN)
         if decision.source != EXPLICIT:
             if decision.value is not None:
                 env_vars[VARIABLE] = decision.value

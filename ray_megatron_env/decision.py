@@ -21,6 +21,7 @@ from .spec import Spec
 DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
 
 EXPLICIT, POLICY, NODE, NONE = "explicit", "policy", "node", "none"
+VIA_PLUGIN, VIA_SETUP_HOOK = "plugin", "setup-hook"
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Decision:
     process: Optional[str] = None  # how this worker was classified, if the field says how
     framework: Optional[str] = None
     probe: Dict[str, Any] = field(default_factory=dict)
+    via: Optional[str] = None  # which path decided: plugin (the node's agent) | setup-hook (the worker)
     version: str = __version__
 
     def to_dict(self) -> Dict[str, Any]:
