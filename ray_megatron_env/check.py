@@ -1,10 +1,11 @@
 """Preflight on a live cluster: what every node will give a worker, and why.
 
 A node whose ``ray start`` lacked ``RAY_RUNTIME_ENV_PLUGINS`` ignores the
-``megatron_env`` field with one WARNING in its own log; Megatron then
-asserts hours later. ``check_cluster`` starts one short-lived actor on every
-alive node with the field and reads back what its worker actually got, so a
-missing registration is observed, not assumed.
+``megatron_env`` field with one WARNING in its own log; there the worker-side
+setup hook decides instead, if the job env carries it, and nothing does if
+not. ``check_cluster`` starts one short-lived actor on every alive node with
+the job env ``build_runtime_env`` makes and reads back what its worker
+actually got and which path decided, so both are observed, not assumed.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .decision import DECISION_VARIABLE, Decision
+from .decision import DECISION_VARIABLE, VIA_PLUGIN, Decision
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, build_runtime_env
 from .spec import Roles, Spec
 from .values import FIELD
+from .worker import as_actor_env
 
 DEFAULT_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
@@ -30,8 +32,8 @@ class NodeReport:
 
     node_id: str  # Ray node id, hex
     ip: str
-    # The node's agent has the plugin (its worker got a decision); None when
-    # the probe actor failed or did not answer, so nobody knows.
+    # The node's agent has the plugin (it made the decision); None when the
+    # probe actor failed or did not answer, so nobody knows.
     registered: Optional[bool]
     value: Optional[str]  # the worker's CUDA_DEVICE_MAX_CONNECTIONS; None: unset
     decision: Optional[Decision] = None
@@ -39,16 +41,26 @@ class NodeReport:
     label: Optional[str] = None  # a human name, where the caller has one
 
     @property
+    def via(self) -> Optional[str]:
+        """The path that decided: 'plugin', 'setup-hook', or None (neither)."""
+        if self.decision is None:
+            return None
+        return self.decision.via or VIA_PLUGIN  # releases before 'via' had only the plugin
+
+    @property
     def ok(self) -> bool:
-        """Answered, registered, GPUs known, and no hard requirement broken."""
+        """Answered, decided by some path, GPUs known, no hard requirement broken."""
         return self.problem() is None
 
     def problem(self) -> Optional[str]:
         if self.error is not None:
             return self.error
-        if not self.registered:
-            return ("the plugin is not registered on this node: the field was ignored; "
-                    "restart Ray there with RAY_RUNTIME_ENV_PLUGINS (ray-megatron-env register)")
+        if self.decision is None:
+            return ("no path decided on this node: the plugin is not registered here and the "
+                    "worker-side setup hook did not run (a runtime env not made by "
+                    "build_runtime_env, or a job env without its worker_process_setup_hook); "
+                    "use build_runtime_env(cfg) as the job env, or register the plugin "
+                    "(ray-megatron-env register)")
         if not self.decision.satisfied:
             return "; ".join(self.decision.warnings) or "the value breaks the requirement"
         if self.decision.gpus is None:
@@ -60,6 +72,7 @@ class NodeReport:
         out = asdict(self)
         out["decision"] = self.decision.to_dict() if self.decision else None
         out["ok"] = self.ok
+        out["via"] = self.via
         out["problem"] = self.problem()
         return out
 
@@ -100,8 +113,9 @@ def observe_many(plans: Sequence[Tuple[Iterable[Tuple[str, str]], Dict[str, Any]
     remote = ray.remote(num_cpus=0, max_restarts=0)(_WorkerView)
     targets = [(plan, list(nodes)) for plan, (nodes, _) in enumerate(plans)]
     starts = [(plan, node) for plan, nodes in targets for node in nodes]
+    envs = [as_actor_env(env) for _, env in plans]
     actors = [remote.options(
-        runtime_env=plans[plan][1],
+        runtime_env=envs[plan],
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote() for plan, (node_id, _) in starts]
     answers = _collect(actors, timeout_s)
@@ -150,9 +164,10 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
         lines = [line for line in str(answer).strip().splitlines() if line.strip()]
         return NodeReport(node_id, ip, None, None, label=label,
                           error=f"{type(answer).__name__}: {lines[-1] if lines else ''}")
-    value, decision = answer
-    return NodeReport(node_id, ip, decision is not None, value,
-                      Decision.from_json(decision) if decision else None, label=label)
+    value, text = answer
+    decision = Decision.from_json(text) if text else None
+    registered = decision is not None and (decision.via or VIA_PLUGIN) == VIA_PLUGIN
+    return NodeReport(node_id, ip, registered, value, decision, label=label)
 
 
 def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,

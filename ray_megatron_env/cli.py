@@ -49,23 +49,36 @@ def short_id(node_id: str) -> str:
 
 
 def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
-    """A table per node; the reason (and any problem) on the lines below."""
-    head = (["NODE"] if labelled else []) + ["NODE ID", "IP", "PLUGIN", "GPUS", "VALUE", "SOURCE"]
+    """A table per node; the reason (and any problem) on the lines below.
+
+    PLUGIN says whether the node's agent has the plugin, VIA which path
+    decided (the plugin, or the worker-side setup hook where it is not
+    registered). When every worker was classified the same way, that is
+    said once above the table rather than at the start of every reason."""
+    reports = list(reports)
+    head = (["NODE"] if labelled else []) + ["NODE ID", "IP", "PLUGIN", "VIA", "GPUS", "VALUE",
+                                             "SOURCE"]
+    processes = {r.decision.process for r in reports if r.decision is not None}
+    shared = processes.pop() if len(processes) == 1 else None
     rows, notes = [], []
     for r in reports:
         d = r.decision
         gpus = "?" if d is None else ("unknown" if d.gpus is None else ",".join(d.gpus) or "none")
         rows.append(([r.label or "-"] if labelled else []) + [
-            short_id(r.node_id), r.ip, {True: "yes", False: "NO", None: "?"}[r.registered], gpus,
-            _shown(r.value), d.source if d else "-"])
-        lines = [d.reason] if d else []
+            short_id(r.node_id), r.ip, {True: "yes", False: "no", None: "?"}[r.registered],
+            r.via or "-", gpus, _shown(r.value), d.source if d else "-"])
+        reason = d.reason if d else None
+        if reason and shared and reason.startswith(f"{shared}: "):
+            reason = reason[len(shared) + 2:]
+        lines = [reason] if reason else []
         lines += [f"warning: {w}" for w in (d.warnings if d else ())]
         problem = r.problem()
         if problem:
             lines.append(f"PROBLEM: {problem}")
         notes.append(lines)
     widths = [max(len(str(row[i])) for row in [head] + rows) for i in range(len(head))]
-    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    out = textwrap.wrap(f"every worker here: {shared}", 100) if shared else []
+    out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for row, lines in zip(rows, notes):
         out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
         for line in lines:
@@ -167,6 +180,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
+    from .job_submission import job_submission_env
     from .rules import VARIABLE
     from .runtime_env import build_runtime_env, configured_value, load_yaml, to_plain
 
@@ -196,6 +210,9 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
             env_vars[NEXT_HOOK_VARIABLE] = existing
         env_vars["RAY_RUNTIME_ENV_HOOK"] = HOOK_PATH
         env_vars[TAKE_OVER_VARIABLE] = "1"
+    env, notes = job_submission_env(env, framework)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(env))
     else:

@@ -70,6 +70,33 @@ def next_hook(environ: Mapping[str, str] = os.environ) -> Optional[Callable[[Any
     return found
 
 
+def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Why Ray will not call this driver's RAY_RUNTIME_ENV_HOOK, when this
+    package's hook is the one set: from Ray 2.47, a driver run under
+    ``uv run`` with RAY_ENABLE_UV_RUN_RUNTIME_ENV on (Ray's default) gets
+    Ray's uv hook instead (``ray/_private/worker.py``,
+    ``_maybe_modify_runtime_env``). None when the hook will run."""
+    if environ.get("RAY_RUNTIME_ENV_HOOK", "").strip() != HOOK_PATH:
+        return None
+    try:
+        from ray._private import ray_constants
+        from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
+    except Exception:  # a Ray without the uv hook: RAY_RUNTIME_ENV_HOOK always runs
+        return None
+    if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False):
+        return None
+    try:
+        under_uv = _get_uv_run_cmdline() is not None
+    except Exception:
+        return None
+    if not under_uv:
+        return None
+    return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
+            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {VARIABLE} in ray.init is "
+            "not taken over and a raw megatron_env field is not checked. Pass "
+            "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
+
+
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     from .runtime_env import build_runtime_env
 

@@ -9,7 +9,9 @@ compact form (a few hundred bytes instead of ~28 KB with every task spec).
 from __future__ import annotations
 
 import copy
+import json
 import os
+import warnings
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
@@ -52,13 +54,74 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     plain = to_plain(config)
     spec, known_roles = _spec_of(plain)
     env = plain_runtime_env(base)
+    _refuse_exclusive_fields(env)
     if take_over:
         _take_over(env, plain)
     explicit_value(env.get("env_vars"))
     spec = spec.narrow(role, known_roles)
     _refuse_a_conflict_on_every_gpu(spec)
     env[FIELD] = spec.to_field()
+    _add_setup_hook(env, job_level=role is None)
+    _warn_if_driver_hook_skipped()
     return env
+
+
+# Ray refuses any field beside these two but a few of its own
+# (RuntimeEnv.__init__: "The 'image_uri' field currently cannot be used
+# together with other fields of runtime_env"), so neither the field nor the
+# setup hook can ride with them.
+EXCLUSIVE_FIELDS = ("image_uri", "container")
+
+
+def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
+    for name in EXCLUSIVE_FIELDS:
+        if env.get(name):
+            raise FieldValueError(
+                f"{FIELD}: base has {name!r}, and Ray refuses any other runtime_env field next "
+                f"to {name!r} (RuntimeEnv: \"The '{name}' field currently cannot be used "
+                "together with other fields\"), so neither this field nor its setup hook "
+                "could reach the workers. Instead: run the image as the nodes' own image "
+                "with the package installed (the plugin registered there, or the field's "
+                "setup hook from a job env without image_uri), or set "
+                f"{VARIABLE} per role yourself from 'ray-megatron-env explain'")
+
+
+def _add_setup_hook(env: Dict[str, Any], job_level: bool) -> None:
+    """The worker-side fallback (worker.py): the field in env_vars for the
+    hook to read, and, in a job env, Ray's setup hook chained in front of
+    one the base already had."""
+    from .worker import FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, chained
+
+    env_vars = env.get("env_vars")
+    if env_vars is None:
+        env_vars = env["env_vars"] = {}
+    elif not isinstance(env_vars, dict):
+        raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
+    env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
+    if not job_level:
+        return  # an actor's env: the job env's hook runs in its workers
+    theirs = env.get(SETUP_HOOK_FIELD)
+    if theirs is None or theirs == SETUP_HOOK_PATH:
+        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
+    elif isinstance(theirs, str):
+        env_vars[NEXT_SETUP_HOOK_VARIABLE] = theirs
+        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
+    elif callable(theirs):
+        env[SETUP_HOOK_FIELD] = chained(theirs)
+    else:
+        raise fail_type(f"base.{SETUP_HOOK_FIELD}", "a 'module.function' string or a function",
+                        theirs)
+
+
+SETUP_HOOK_FIELD = "worker_process_setup_hook"
+
+
+def _warn_if_driver_hook_skipped() -> None:
+    from .hook import driver_hook_skipped
+
+    reason = driver_hook_skipped()
+    if reason:
+        warnings.warn(reason, stacklevel=3)
 
 
 def _refuse_a_conflict_on_every_gpu(spec: Spec) -> None:

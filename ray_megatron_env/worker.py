@@ -1,16 +1,207 @@
-"""Reading the decision back inside a worker (an actor or a task)."""
+"""Inside a worker: the decision it got, and the fallback that makes it there.
+
+``read_decision`` reads back what a worker got, whichever path decided.
+
+``setup_hook`` is the fallback for nodes where the plugin is not registered
+(docs/how-it-works.md#two-paths). ``build_runtime_env`` puts it in the job's
+runtime env as Ray's ``worker_process_setup_hook``, which Ray runs in every
+worker process of the job on its own node, before the worker takes its first
+task, so before anything in it can create a CUDA context. There it makes the
+same decision the agent would: the same field, readers, rules and precedence,
+from the node's own GPUs and environment (never the worker's
+``CUDA_VISIBLE_DEVICES``, which Ray rewrites per task), and writes the same
+record with ``via: setup-hook``. Where the plugin ran, it does nothing.
+
+Only the standard library, Ray and this package's pure modules load here, so
+a node needs nothing beyond Ray and this package (which can travel with the
+job: ``py_modules``).
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+import logging
 import os
-from typing import Mapping, Optional
+import sys
+from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional
 
-from .decision import DECISION_VARIABLE, Decision
+from .decision import DECISION_VARIABLE, VIA_SETUP_HOOK, Decision
+from .rules import VARIABLE
+
+SETUP_HOOK_PATH = "ray_megatron_env.worker.setup_hook"
+# The field for one worker, in its env_vars: a per-role env replaces the
+# job's here (Ray merges env_vars key by key), so the hook sees the field of
+# the worker's own runtime env; Ray gives a setup hook no other view of it.
+FIELD_VARIABLE = "RAY_MEGATRON_ENV_FIELD"
+# A setup hook the job had before ours, run after ours ('module.function').
+NEXT_SETUP_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_SETUP_HOOK"
+# Ray's own carrier of a setup hook to a worker (ray_constants
+# WORKER_PROCESS_SETUP_HOOK_ENV_VAR, the same name from Ray 2.41 to 2.60):
+# set directly, it runs the hook in workers of an actor-level env too.
+RAY_SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+LOG_NAME = "megatron_env_setup_hook"
 
 
 def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional[Decision]:
-    """The decision the plugin made for this worker's node, or ``None`` when
-    the worker was started without the ``megatron_env`` field or on a node
-    where the plugin is not registered."""
+    """The decision made for this worker's node (by the plugin or by the
+    setup hook: ``.via`` says which), or ``None`` when the worker was started
+    without the ``megatron_env`` field or on a node where neither ran."""
     text = (os.environ if environ is None else environ).get(DECISION_VARIABLE)
     return Decision.from_json(text) if text else None
+
+
+def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
+    """Ray's ``worker_process_setup_hook``: decide here unless the plugin did,
+    then run the job's own hook, if it had one. A bad field raises, as it
+    fails the worker through the plugin; a probe problem never does."""
+    try:
+        import ray
+
+        worker = ray._private.worker.global_worker
+        decide_in_worker(os.environ, node_environment(), _job_field(worker),
+                         _cache(worker, ray), _logger(worker))
+    finally:
+        then = then or _next_setup_hook()
+        if then is not None:
+            then()
+
+
+def chained(then: Callable[[], Any]) -> Callable[[], None]:
+    """A setup hook that runs ours, then ``then`` (a user's callable hook)."""
+    def megatron_env_setup_hook() -> None:
+        setup_hook(then)
+
+    megatron_env_setup_hook.__name__ = f"megatron_env_then_{getattr(then, '__name__', 'hook')}"
+    return megatron_env_setup_hook
+
+
+def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
+    """A job env from ``build_runtime_env`` made to work as one actor's env:
+    Ray honours ``worker_process_setup_hook`` only in the job's env given to
+    ``ray.init``, so the hook goes where Ray itself carries it to a worker
+    (an env var), for actors that preflight a node as a job's workers would
+    be decided there (``check``, the demo)."""
+    out = dict(env)
+    hook = out.pop("worker_process_setup_hook", None)
+    if hook is None:
+        return out
+    if hook != SETUP_HOOK_PATH:
+        raise ValueError("as_actor_env takes a job env whose setup hook is this package's own")
+    out["env_vars"] = {**(out.get("env_vars") or {}), RAY_SETUP_HOOK_VARIABLE: SETUP_HOOK_PATH}
+    return out
+
+
+def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
+                     job_field: Any, probe_node: Callable[[Callable[[], Any]], Any],
+                     logger: logging.Logger) -> Optional[Decision]:
+    """Decide for this worker process and update ``environ`` in place.
+
+    ``node_environ`` is the node's own environment (the raylet's; None when
+    it cannot be read): what differs from it in ``environ`` came from the
+    runtime env's ``env_vars``, so is explicit; the node's own value is the
+    inherited one. ``probe_node(probe)`` returns the node's GPUs, probing
+    with ``probe`` only when no worker on the node has yet.
+    """
+    from .agent import write_decision
+    from .field import parse_field
+    from .probe import probe_gpus
+
+    def own(key: str) -> Optional[str]:
+        value = environ.get(key)
+        return value if node_environ is None or node_environ.get(key) != value else None
+
+    if own(DECISION_VARIABLE):
+        return None  # the plugin decided on this node
+    text = own(FIELD_VARIABLE)
+    field = json.loads(text) if text else job_field
+    if field is None:
+        return None  # a worker of this job started without the field
+    spec = parse_field(field)
+    gpus = probe_node(lambda: probe_gpus(node_environ if node_environ is not None else environ))
+    if node_environ is None:
+        env_vars: Dict[str, str] = dict(environ)
+        inherited = None
+    else:
+        env_vars = {k: v for k, v in environ.items() if node_environ.get(k) != v}
+        inherited = node_environ.get(VARIABLE)
+    decision = write_decision(spec, gpus, env_vars, inherited=inherited, via=VIA_SETUP_HOOK,
+                              logger=logger)
+    for key in (VARIABLE, DECISION_VARIABLE):
+        if key in env_vars:
+            environ[key] = env_vars[key]
+        else:
+            environ.pop(key, None)
+    return decision
+
+
+def node_environment(pid: Optional[int] = None) -> Optional[Dict[str, str]]:
+    """The environment of the raylet that started this worker: the node's own,
+    as its agent sees it. Ray starts each worker as the raylet's child (the
+    setup step execs the worker in place); anything else, or a /proc that
+    cannot be read, gives None."""
+    parent = os.getppid() if pid is None else pid
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            command = f.read().split(b"\0", 1)[0]
+        if os.path.basename(command) != b"raylet":
+            return None
+        with open(f"/proc/{parent}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}
+
+
+def _job_field(worker: Any) -> Any:
+    """The field of the job's runtime env (what ``ray.init`` was given)."""
+    try:
+        text = worker.core_worker.get_job_config().runtime_env_info.serialized_runtime_env
+        return json.loads(text or "{}").get("megatron_env")
+    except Exception:
+        return None
+
+
+def _cache(worker: Any, ray: Any) -> Callable[[Callable[[], Any]], Any]:
+    from .node_cache import NodeCache
+
+    try:
+        cache = NodeCache(worker.node.get_session_dir_path(),
+                          ray.get_runtime_context().get_node_id())
+    except Exception:
+        return lambda probe: probe()
+    return cache.get
+
+
+def _logger(worker: Any) -> logging.Logger:
+    """The node's log for this job (``<logs>/megatron_env_setup_hook-<job>.log``,
+    beside the plugin's ``runtime_env_setup-<job>.log``); warnings also go to
+    the worker's own log, which Ray shows the driver."""
+    logger = logging.getLogger(f"ray_megatron_env.{LOG_NAME}")
+    if logger.handlers:
+        return logger
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    form = logging.Formatter("%(asctime)s %(levelname)s pid=%(process)d %(message)s")
+    try:
+        path = os.path.join(worker.node.get_logs_dir_path(),
+                            f"{LOG_NAME}-{worker.current_job_id.hex()}.log")
+        to_file = logging.FileHandler(path)
+        to_file.setFormatter(form)
+        logger.addHandler(to_file)
+    except Exception:
+        pass
+    to_worker_log = logging.StreamHandler(sys.stderr)
+    to_worker_log.setLevel(logging.WARNING)
+    to_worker_log.setFormatter(form)
+    logger.addHandler(to_worker_log)
+    return logger
+
+
+def _next_setup_hook() -> Optional[Callable[[], Any]]:
+    path = os.environ.get(NEXT_SETUP_HOOK_VARIABLE, "").strip()
+    if not path:
+        return None
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)

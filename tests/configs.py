@@ -38,3 +38,16 @@ REWARD_MODEL_ONLY = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp",
                      "reward_model.enable=true", "reward_model.strategy=megatron",
                      "reward_model.megatron.tensor_model_parallel_size=4",
                      "reward_model.megatron.context_parallel_size=1")
+
+
+def job_env(field, env_vars=None, **rest):
+    """The job env build_runtime_env returns for a compact ``field``: the
+    field, the field again in env_vars for the worker-side fallback, and
+    Ray's setup hook (docs/how-it-works.md#two-paths)."""
+    import json as _json
+
+    return {"megatron_env": field,
+            "env_vars": {**(env_vars or {}),
+                         "RAY_MEGATRON_ENV_FIELD": _json.dumps(field, separators=(",", ":"),
+                                                                 sort_keys=True)},
+            "worker_process_setup_hook": "ray_megatron_env.worker.setup_hook", **rest}

@@ -265,7 +265,7 @@ def test_check_reports_problems_but_fails_only_with_strict(capsys, monkeypatch):
     code, out, _ = run(capsys, "check")
     assert code == OK
     assert "1 node(s) checked, 1 with a problem." in out
-    assert "ab12cd34 (10.0.0.7): the plugin is not registered on this node" in out
+    assert "ab12cd34 (10.0.0.7): no path decided on this node: the plugin is not" in out
     assert max(len(line) for line in out.splitlines()) <= 100
     code, _, _ = run(capsys, "check", "--strict")
     assert code == 1

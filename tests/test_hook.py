@@ -6,7 +6,7 @@ import logging
 import pytest
 from omegaconf import OmegaConf
 
-from configs import MEGATRON_YAML, plain, verl
+from configs import MEGATRON_YAML, job_env, plain, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.errors import EnvironmentVariableError
@@ -25,13 +25,14 @@ def clean_environment(monkeypatch):
 @pytest.mark.parametrize("field", [verl(), plain(), str(MEGATRON_YAML), COMPACT])
 def test_any_config_form_becomes_the_compact_field(field):
     env = runtime_env_hook({"megatron_env": field, "working_dir": "."})
-    assert env == {"megatron_env": COMPACT, "working_dir": "."}
+    assert env == job_env(COMPACT, working_dir=".")
 
 
 def test_omegaconf_values_elsewhere_in_the_env_become_plain():
     env = runtime_env_hook({"megatron_env": verl(),
                             "env_vars": OmegaConf.create({"A": "${B}", "B": "v"})})
-    assert env["env_vars"] == {"A": "v", "B": "v"} and type(env["env_vars"]) is dict
+    assert env["env_vars"] == job_env(COMPACT, {"A": "v", "B": "v"})["env_vars"]
+    assert type(env["env_vars"]) is dict
 
 
 def test_a_bad_config_fails_on_the_driver():
@@ -47,14 +48,13 @@ def test_without_the_field_the_env_is_untouched():
 
 def test_explicit_value_stays_explicit_without_take_over():
     env = runtime_env_hook({"megatron_env": verl(), "env_vars": dict(HARD_CODED)})
-    assert env["env_vars"] == HARD_CODED
+    assert env == job_env(COMPACT, HARD_CODED)
 
 
 def test_take_over_removes_the_hard_coded_value(monkeypatch):
     monkeypatch.setenv(TAKE_OVER_VARIABLE, "1")
     env = runtime_env_hook({"megatron_env": verl(), "env_vars": dict(HARD_CODED)})
-    assert env["env_vars"] == {"NCCL_DEBUG": "WARN"}
-    assert env["megatron_env"] == COMPACT
+    assert env == job_env(COMPACT, {"NCCL_DEBUG": "WARN"})
 
 
 def test_take_over_keeps_the_value_the_user_set_in_the_config(monkeypatch):
@@ -77,7 +77,7 @@ def test_take_over_without_a_config_keeps_the_value_and_says_why(monkeypatch, ca
 def test_build_runtime_env_take_over_leaves_base_alone():
     base = {"env_vars": dict(HARD_CODED)}
     env = build_runtime_env(verl(), base=base, take_over=True)
-    assert env["env_vars"] == {"NCCL_DEBUG": "WARN"} and base == {"env_vars": HARD_CODED}
+    assert env == job_env(COMPACT, {"NCCL_DEBUG": "WARN"}) and base == {"env_vars": HARD_CODED}
 
 
 def chained(runtime_env):
@@ -86,7 +86,7 @@ def chained(runtime_env):
 
 def test_another_hook_runs_after_this_one(monkeypatch):
     monkeypatch.setenv(NEXT_HOOK_VARIABLE, f"{__name__}.chained")
-    assert runtime_env_hook({"megatron_env": COMPACT}) == {"megatron_env": COMPACT, "chained": True}
+    assert runtime_env_hook({"megatron_env": COMPACT}) == job_env(COMPACT, chained=True)
 
 
 @pytest.mark.parametrize("value,words", [

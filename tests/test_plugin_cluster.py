@@ -253,7 +253,7 @@ def test_the_decision_is_in_the_nodes_setup_log(cluster):
     on_nodes(cluster, build_runtime_env(verl(*MEGATRON_CP2), role="actor"), ["v100"])
     logs = glob.glob(os.path.join(cluster.logs_dir(), "runtime_env_setup-*.log"))
     text = "".join(open(path, errors="replace").read() for path in logs)
-    assert "megatron_env: CUDA_DEVICE_MAX_CONNECTIONS=1 (source: policy; GPUs: ['7.0'])" in text
+    assert "megatron_env: CUDA_DEVICE_MAX_CONNECTIONS=1 (source: policy; via: plugin; GPUs: ['7.0'])" in text
     assert "actor (megatron TP=1 CP=2) needs 1" in text
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from configs import ACTOR, ACTOR_TP, FSDP_YAML, MEGATRON_YAML, plain, verl
+from configs import ACTOR, ACTOR_TP, FSDP_YAML, MEGATRON_YAML, job_env, plain, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 
@@ -26,7 +26,7 @@ EXPECTED = {"version": 2, "framework": "verl", "engines": {
 
 @pytest.mark.parametrize("config", [verl(), plain(), str(MEGATRON_YAML), MEGATRON_YAML])
 def test_every_config_form_gives_the_same_compact_field(config):
-    assert build_runtime_env(config) == {"megatron_env": EXPECTED}
+    assert build_runtime_env(config) == job_env(EXPECTED)
 
 
 def test_the_field_carries_only_what_the_policy_reads():
@@ -55,15 +55,14 @@ def test_base_is_merged_and_left_untouched():
     before = copy.deepcopy(base)
     env = build_runtime_env(verl(), base=base)
     assert base == before
-    assert env["env_vars"] == {"NCCL_DEBUG": "WARN"} and env["working_dir"] == "."
-    assert env["megatron_env"] == EXPECTED
+    assert env == job_env(EXPECTED, {"NCCL_DEBUG": "WARN"}, working_dir=".")
     env["env_vars"]["X"] = "1"
     assert "X" not in base["env_vars"]
 
 
 def test_base_may_be_a_dictconfig():
     base = OmegaConf.create({"env_vars": {"A": "${oc.select:missing,fallback}"}})
-    assert build_runtime_env(verl(), base=base)["env_vars"] == {"A": "fallback"}
+    assert build_runtime_env(verl(), base=base)["env_vars"]["A"] == "fallback"
 
 
 @pytest.mark.parametrize("role,roles", [
