@@ -90,7 +90,13 @@ NODE_SETS: Dict[str, NodeSet] = {
     "standard": MIXED_NODES + (
         SimulatedNode("a100_inherit1", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
         SimulatedNode("h100_inherit4", "9.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}),
+        # Nodes started without RAY_RUNTIME_ENV_PLUGINS: the worker-side
+        # setup hook decides there (UNREGISTERED below).
         SimulatedNode("unplugged", "9.0", plugin=False),
+        SimulatedNode("a100_unplugged", "8.0", plugin=False),
+        SimulatedNode("b200_unplugged", "10.0", plugin=False),
+        SimulatedNode("a100_inherit1_unplugged", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                      plugin=False),
         # NVML in auto mode (it cannot load here), then the fake nvidia-smi.
         _smi_node("smi", probe="auto", CUDA_VISIBLE_DEVICES="GPU-22222222"),
         _smi_node("smi_hang", FAKE_NVIDIA_SMI="hang"),
@@ -112,6 +118,9 @@ NODE_SETS: Dict[str, NodeSet] = {
                                                      ("b200", "10.0", 2, "B200"))),
     ),
 }
+
+
+UNREGISTERED = frozenset(n.name for n in NODE_SETS["standard"] if not n.plugin)
 
 
 class ClusterPool:

@@ -208,10 +208,7 @@ def _select(visible: Optional[str], devices: List[tuple],
 
 def _from_nvml(visible: Optional[str], nvml: Any) -> NodeGpus:
     if nvml is None:
-        try:
-            import pynvml as nvml  # nvidia-ml-py; loaded on first probe only
-        except Exception as exc:
-            raise Absent(f"nvidia-ml-py is not importable: {exc}") from None
+        nvml = _nvml_binding()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError_LibraryNotFound:
@@ -236,6 +233,22 @@ def _from_nvml(visible: Optional[str], nvml: Any) -> NodeGpus:
         except Exception:
             pass
     return NodeGpus.known(capabilities, "nvml", detail=_visible_detail(visible, len(devices)))
+
+
+def _nvml_binding() -> Any:
+    """nvidia-ml-py, loaded on first probe only; else the copy Ray bundles
+    (ray._private.thirdparty.pynvml), so a bare Ray node where the worker-side
+    fallback runs needs nothing more installed."""
+    try:
+        import pynvml
+        return pynvml
+    except Exception as exc:
+        first = exc
+    try:
+        from ray._private.thirdparty import pynvml
+        return pynvml
+    except Exception:
+        raise Absent(f"nvidia-ml-py is not importable: {first}") from None
 
 
 def _mig_devices(nvml: Any, handle: Any, capability: Capability) -> List[tuple]:

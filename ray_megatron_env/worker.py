@@ -77,18 +77,20 @@ def chained(then: Callable[[], Any]) -> Callable[[], None]:
 
 
 def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
-    """A job env from ``build_runtime_env`` made to work as one actor's env:
-    Ray honours ``worker_process_setup_hook`` only in the job's env given to
-    ``ray.init``, so the hook goes where Ray itself carries it to a worker
-    (an env var), for actors that preflight a node as a job's workers would
-    be decided there (``check``, the demo)."""
+    """An env from ``build_runtime_env`` (a job's, or a role's that a job env
+    would sit under) made to work as one actor's env, as if that actor ran in
+    a job whose ray.init env came from ``build_runtime_env``: Ray honours
+    ``worker_process_setup_hook`` only in the job's env, so the hook goes
+    where Ray itself carries it to a worker (an env var). For actors that
+    preflight a node (``check``, the demo)."""
     out = dict(env)
     hook = out.pop("worker_process_setup_hook", None)
-    if hook is None:
-        return out
-    if hook != SETUP_HOOK_PATH:
-        raise ValueError("as_actor_env takes a job env whose setup hook is this package's own")
-    out["env_vars"] = {**(out.get("env_vars") or {}), RAY_SETUP_HOOK_VARIABLE: SETUP_HOOK_PATH}
+    env_vars = out.get("env_vars") or {}
+    if FIELD_VARIABLE not in env_vars:
+        return dict(env)  # not from build_runtime_env: as it is
+    if hook not in (None, SETUP_HOOK_PATH):
+        raise ValueError("as_actor_env takes an env whose setup hook is this package's own")
+    out["env_vars"] = {**env_vars, RAY_SETUP_HOOK_VARIABLE: SETUP_HOOK_PATH}
     return out
 
 

@@ -18,11 +18,12 @@ from ray_megatron_env.cli import PROBLEM, format_check
 from ray_megatron_env.decision import Decision
 from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
 
-from conftest import NODE_SETS
+from conftest import NODE_SETS, UNREGISTERED
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 # Nodes of the standard set whose GPU probe fails on purpose (conftest.py).
 PROBE_FAILS = {"bad_fake", "smi_hang"}
+NODE_SETS_NAMES = {node.name for node in NODE_SETS["standard"]}
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +35,24 @@ def strict_check(cluster):
     return result
 
 
-def test_check_strict_names_the_node_without_the_plugin(cluster, strict_check):
-    assert strict_check.returncode == PROBLEM, strict_check.stderr
+def test_check_strict_shows_which_path_decides_on_every_node(cluster, strict_check):
+    assert strict_check.returncode == PROBLEM, strict_check.stderr  # the probe failures
     reports = json.loads(strict_check.stdout)
     assert len(reports) == len(NODE_SETS["standard"])
     by_id = {r["node_id"]: r for r in reports}
+    # Unregistered nodes are decided by the job env's setup hook: not a problem.
+    for name in UNREGISTERED:
+        report = by_id[cluster.node_ids[name]]
+        assert (report["registered"], report["via"], report["ok"]) == (False, "setup-hook", True)
     unplugged = by_id[cluster.node_ids["unplugged"]]
-    assert unplugged["registered"] is False and not unplugged["ok"]
-    assert "not registered" in unplugged["problem"]
+    assert (unplugged["value"], unplugged["decision"]["gpus"]) == ("1", ["9.0"])
     for name in PROBE_FAILS:
         report = by_id[cluster.node_ids[name]]
         assert report["registered"] and not report["ok"]
         assert report["problem"].startswith("the GPU probe failed")
-    bad = {cluster.node_ids[name] for name in PROBE_FAILS | {"unplugged"}}
-    assert all(r["ok"] and r["registered"] and r["ip"] for node_id, r in by_id.items()
-               if node_id not in bad)
+    registered = {cluster.node_ids[name] for name in NODE_SETS_NAMES - UNREGISTERED - PROBE_FAILS}
+    assert all(by_id[node_id]["ok"] and by_id[node_id]["registered"] and by_id[node_id]["ip"]
+               and by_id[node_id]["via"] == "plugin" for node_id in registered)
     h100 = by_id[cluster.node_ids["h100"]]
     assert (h100["value"], h100["decision"]["gpus"]) == ("1", ["9.0", "9.0"])
     # NVML cannot load on the "smi" node; its nvidia-smi reports 9.0 there.
@@ -59,15 +63,15 @@ def test_check_strict_names_the_node_without_the_plugin(cluster, strict_check):
 
 def test_check_text_names_the_node_by_short_id_and_ip(cluster, strict_check):
     # The same reports as check prints them without --json.
-    reports = [NodeReport(**{**{k: v for k, v in r.items() if k not in ("ok", "problem")},
+    reports = [NodeReport(**{**{k: v for k, v in r.items() if k not in ("ok", "problem", "via")},
                              "decision": Decision.from_dict(r["decision"])
                              if r["decision"] else None})
                for r in json.loads(strict_check.stdout)]
     text = format_check(reports)
-    unplugged = cluster.node_ids["unplugged"]
-    assert f"{unplugged[:8]} (" in text and "not registered" in text
-    assert unplugged not in text  # short ids in text; --json has the full ones
-    assert f"{len(NODE_SETS['standard'])} node(s) checked, 3 with a problem." in text
+    bad = cluster.node_ids["bad_fake"]
+    assert f"{bad[:8]} (" in text and "setup-hook" in text
+    assert bad not in text  # short ids in text; --json has the full ones
+    assert f"{len(NODE_SETS['standard'])} node(s) checked, 2 with a problem." in text
     assert "PROBLEM: the GPU probe failed" in text
     assert max(len(line) for line in text.splitlines()) <= 100
 
@@ -78,7 +82,8 @@ def test_check_cluster_api_from_a_connected_driver(cluster):
     assert reports[cluster.node_ids["b200"]].value is None
     assert reports[cluster.node_ids["v100"]].decision.rules == {"actor": "megatron-model-parallel"}
     assert {node_id for node_id, r in reports.items() if not r.ok} == {
-        cluster.node_ids[name] for name in PROBE_FAILS | {"unplugged"}}
+        cluster.node_ids[name] for name in PROBE_FAILS}
+    assert reports[cluster.node_ids["unplugged"]].via == "setup-hook"
 
 
 def test_check_flags_an_explicit_value_that_breaks_a_required_rule(cluster):

@@ -176,7 +176,10 @@ def test_precedence_on_real_nodes(cluster, config, node, explicit, value, source
     assert bool(decision["warnings"]) == warned
 
 
-def test_a_node_without_the_plugin_ignores_the_field(cluster):
+def test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin(cluster):
+    # Ray ignores the field there, and honours worker_process_setup_hook only
+    # in the job's env (ray.init): the fallback needs the job env
+    # (tests/test_fallback_cluster.py).
     env = build_runtime_env(verl(*MEGATRON_TP2))
     assert on_nodes(cluster, env, ["unplugged"]) == {"unplugged": (None, None)}
 

@@ -1,0 +1,139 @@
+"""The worker-side fallback on a real cluster: nodes started without the
+plugin registered (conftest.py UNREGISTERED) are decided by the job env's
+setup hook, registered ones by the plugin, with the same values.
+
+Each job is a driver script whose ray.init env is build_runtime_env(cfg):
+Ray honours worker_process_setup_hook only in the job's env.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from configs import FSDP_YAML, MEGATRON_TP2, verl
+
+TESTS = Path(__file__).parent
+
+# The driver's helpers: what a task (or actor) on a node saw.
+PRELUDE = """
+import json, os, sys, ray
+from ray_megatron_env import build_runtime_env
+
+@ray.remote(num_cpus=0)
+def seen():
+    text = os.environ.get("RAY_MEGATRON_ENV_DECISION")
+    d = json.loads(text) if text else {}
+    return [os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), d.get("via"), d.get("source"),
+            os.environ.get("USER_HOOK_RAN"), d.get("probe", {}).get("probed_at")]
+
+def on(names, **options):
+    refs = [seen.options(resources={"rme_" + n: 1}, **options).remote() for n in names]
+    return dict(zip(names, ray.get(refs, timeout=150)))
+"""
+
+
+def run_job(cluster, tmp_path, body):
+    script = tmp_path / "job.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("RAY_MEGATRON_ENV_") and k != "RAY_RUNTIME_ENV_HOOK"}
+    result = subprocess.run([sys.executable, str(script), cluster.address], capture_output=True,
+                            text=True, timeout=240, env=environ)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def megatron_job(cluster, tmp_path_factory):
+    """A verl Megatron TP=2 job (FSDP critic) with a user's own string hook,
+    whose ray.init env is build_runtime_env(cfg)."""
+    tmp = tmp_path_factory.mktemp("megatron_job")
+    config = tmp / "config.yaml"
+    OmegaConf.save(verl(*MEGATRON_TP2, "critic.strategy=fsdp"), config)
+    return run_job(cluster, tmp, f"""
+        env = build_runtime_env({str(config)!r}, base={{
+            "worker_process_setup_hook": "fallback_user_hook.mark",
+            "env_vars": {{"PYTHONPATH": {str(TESTS)!r}}}}})
+        ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
+        nodes = ["cpu_head", "a100", "h100", "b200", "unplugged", "a100_unplugged",
+                 "b200_unplugged"]
+        out = {{"job": on(nodes), "again": on(["a100_unplugged"])}}
+        # A per-role env under the job env: the critic is FSDP.
+        out["critic"] = on(["a100_unplugged", "a100_inherit1_unplugged", "unplugged"],
+                           runtime_env=build_runtime_env({str(config)!r}, role="critic"))
+        # Per-actor env_vars on top of the job env (verl's worker groups).
+        out["env_vars"] = on(["a100_unplugged", "b200_unplugged"],
+                             runtime_env={{"env_vars": {{"WG_PREFIX": "actor_"}}}})
+        out["explicit"] = on(["a100_unplugged", "a100"],
+                             runtime_env={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "4"}}}})
+        print(json.dumps(out))
+    """)
+
+
+def test_every_node_gets_its_value_registered_or_not(megatron_job):
+    # Megatron TP=2 under verl before Blackwell: 1; Blackwell and CPU: unset.
+    assert {n: (v, via) for n, (v, via, *_) in megatron_job["job"].items()} == {
+        "cpu_head": (None, "plugin"), "a100": ("1", "plugin"), "h100": ("1", "plugin"),
+        "b200": (None, "plugin"), "unplugged": ("1", "setup-hook"),
+        "a100_unplugged": ("1", "setup-hook"), "b200_unplugged": (None, "setup-hook")}
+
+
+def test_the_users_own_setup_hook_still_runs(megatron_job):
+    assert all(ran == "string" for *_, ran, _ in megatron_job["job"].values())
+
+
+def test_one_probe_per_node_for_every_worker_there(megatron_job):
+    first = megatron_job["job"]["a100_unplugged"][4]
+    assert first is not None and megatron_job["again"]["a100_unplugged"][4] == first
+    assert megatron_job["env_vars"]["a100_unplugged"][4] == first
+
+
+def test_a_per_role_env_is_decided_for_its_role_on_unregistered_nodes(megatron_job):
+    # FSDP critic: nothing to set, and the node's inherited 1 is replaced.
+    assert megatron_job["critic"] == {
+        "a100_unplugged": [None, "setup-hook", "none", "string",
+                           megatron_job["job"]["a100_unplugged"][4]],
+        "a100_inherit1_unplugged": ["8", "setup-hook", "policy", "string",
+                                    megatron_job["critic"]["a100_inherit1_unplugged"][4]],
+        "unplugged": [None, "setup-hook", "none", "string",
+                      megatron_job["job"]["unplugged"][4]]}
+
+
+def test_per_actor_env_vars_keep_the_jobs_decision(megatron_job):
+    got = {n: (v, via) for n, (v, via, *_) in megatron_job["env_vars"].items()}
+    assert got == {"a100_unplugged": ("1", "setup-hook"), "b200_unplugged": (None, "setup-hook")}
+
+
+def test_an_explicit_value_is_kept_on_either_path(megatron_job):
+    got = {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["explicit"].items()}
+    assert got == {"a100_unplugged": ("4", "setup-hook", "explicit"),
+                   "a100": ("4", "plugin", "explicit")}
+
+
+def test_the_node_log_says_which_path_decided(cluster, megatron_job):
+    logs = glob.glob(os.path.join(cluster.logs_dir(), "megatron_env_setup_hook-*.log"))
+    text = "".join(Path(path).read_text() for path in logs)
+    assert "megatron_env: CUDA_DEVICE_MAX_CONNECTIONS=1 (source: policy; via: setup-hook; " \
+           "GPUs: ['8.0'])" in text
+
+
+def test_an_fsdp_job_replaces_a_nodes_inherited_1_with_a_callable_user_hook(cluster, tmp_path):
+    got = run_job(cluster, tmp_path, f"""
+        def mark():
+            os.environ["USER_HOOK_RAN"] = "callable"
+
+        env = build_runtime_env({str(FSDP_YAML)!r}, base={{"worker_process_setup_hook": mark}})
+        ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
+        print(json.dumps(on(["a100_inherit1_unplugged", "a100_inherit1", "b200_unplugged"])))
+    """)
+    assert {n: (v, via, source, ran) for n, (v, via, source, ran, _) in got.items()} == {
+        "a100_inherit1_unplugged": ("8", "setup-hook", "policy", "callable"),
+        "a100_inherit1": ("8", "plugin", "policy", "callable"),
+        "b200_unplugged": (None, "setup-hook", "none", "callable")}
