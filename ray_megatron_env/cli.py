@@ -88,14 +88,13 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-    from .simulation import MIXED_NODES
+    from .demo import DEMO_NODES, run_demo
 
     if args.role and not args.config:
         raise MegatronEnvError("--role applies to --config; the examples set their own roles")
-    nodes = ", ".join(f"{n.name} ({n.fake_gpus})" for n in MIXED_NODES)
-    print(f"Starting a local simulated Ray cluster with the plugin registered on every node: "
-          f"{nodes} ...", file=sys.stderr)
+    nodes = ", ".join(f"{n.name} ({n.fake_gpus}{'' if n.plugin else ', no plugin'})"
+                      for n in DEMO_NODES)
+    print(f"Starting a local simulated Ray cluster: {nodes} ...", file=sys.stderr)
     results = run_demo(args.config, roles=[_roles(args.role)])
     if args.json:
         print(json.dumps([{"scenario": r.title, "role": r.role,
@@ -106,8 +105,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         scope = f" [role: {', '.join(roles)}]" if roles else ""
         print(f"\n== {result.title}{scope}")
         print(format_reports(result.reports, labelled=True))
-    print("\nEach node decided for its own GPUs at worker start-up; the simulated cluster is "
-          "shut down.")
+    print()
+    print(textwrap.fill("Each node decided for its own GPUs at worker start-up: through the "
+                        "plugin where it is registered (VIA plugin), through the job env's setup "
+                        "hook in the worker where it is not (VIA setup-hook). The simulated "
+                        "cluster is shut down.", 100))
     return OK
 
 

@@ -1,14 +1,16 @@
 """The embedded demo: a simulated mixed-GPU cluster and a few verl configs.
 
 ``ray-megatron-env demo`` starts a local cluster whose nodes fake no GPU,
-V100, A100, 2xH100, B200 and H100+B200, registers the plugin on each,
-starts one actor per node for each example config (per role where the
-example uses per-role envs), and reports what each actor got and why.
+V100, A100, 2xH100, B200 and H100+B200, registers the plugin on four of them
+and not on the V100 and H100+B200 nodes (as on a cluster the user cannot
+reconfigure; the job env's setup hook decides there), starts one actor per
+node for each example config (per role where the example uses per-role
+envs), and reports what each actor got, why, and which path decided.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -17,6 +19,8 @@ from .runtime_env import ConfigLike, build_runtime_env
 from .simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
 
 EXAMPLES = Path(__file__).parent / "examples"
+UNREGISTERED = ("v100", "h100_b200")
+DEMO_NODES = tuple(replace(n, plugin=n.name not in UNREGISTERED) for n in MIXED_NODES)
 TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
 
 
@@ -62,7 +66,7 @@ class DemoResult:
 
 
 def run_demo(config: Optional[ConfigLike] = None, roles: Sequence[Optional[str]] = (None,),
-             nodes: Sequence[SimulatedNode] = MIXED_NODES) -> List[DemoResult]:
+             nodes: Sequence[SimulatedNode] = DEMO_NODES) -> List[DemoResult]:
     """Run the example scenarios (or ``config``) on a fresh simulated cluster.
 
     Configs are checked before the cluster starts, so a bad one fails fast.

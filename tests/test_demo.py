@@ -41,14 +41,21 @@ def test_demo_reports_every_node_for_every_example(no_cluster):
     assert [v for (title, _), v in values.items() if "FSDP engines" in title] == [nothing]
     per_role = {role: v for (title, role), v in values.items() if "per role" in title}
     assert per_role == {"actor": pre_blackwell, "critic": nothing}
-    assert all(n["registered"] and n["node_id"] and n["ip"] for nodes in by_title.values()
+    assert all(n["node_id"] and n["ip"] and n["ok"] for nodes in by_title.values()
                for n in nodes.values())
+    # The plugin where it is registered; the setup hook on the V100 and
+    # H100+B200 nodes, which the demo starts without it.
+    paths = {(label, n["registered"], n["via"]) for nodes in by_title.values()
+             for label, n in nodes.items()}
+    assert paths == {(label, label not in ("v100", "h100_b200"),
+                      "setup-hook" if label in ("v100", "h100_b200") else "plugin")
+                     for label in pre_blackwell}
     # Calm: nothing but the demo's own start line on stderr (no Ray warning).
     assert result.stderr.splitlines() == [result.stderr.splitlines()[0]]
     assert result.stderr.startswith("Starting a local simulated Ray cluster")
     # Narrow: the tables these reports print fit 100 columns.
     for run in runs:
-        reports = [NodeReport(**{**{k: v for k, v in n.items() if k not in ("ok", "problem")},
+        reports = [NodeReport(**{**{k: v for k, v in n.items() if k not in ("ok", "problem", "via")},
                                  "decision": Decision.from_dict(n["decision"])})
                    for n in run["nodes"]]
         table = format_reports(reports, labelled=True)
