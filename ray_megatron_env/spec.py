@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
-from .rules import CHECKS, ENGINE_KINDS, KNOWN_STRATEGIES, MEGATRON
+from .rules import (
+    CHECKS, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON, PIPELINE_BACKENDS,
+)
 from .values import FIELD, fail_type, show
 
 FORMAT_VERSION = 2
@@ -78,7 +80,10 @@ class Engine:
 
     ``checks`` names the checks (``rules.CHECKS``) that the framework driving
     a Megatron engine runs on it, whose asserts turn some rows from a matter
-    of speed into a matter of the job starting.
+    of speed into a matter of the job starting. ``dispatcher`` is the flex
+    token dispatcher's backend when it is DeepEP or HybridEP (``None``: the
+    all-to-all or all-gather dispatcher); ``pipeline_backend`` is ``"ucc"``
+    when pipeline communication runs on UCC (``None``: NCCL, the default).
     """
 
     strategy: str
@@ -90,9 +95,24 @@ class Engine:
     torch_fsdp2: bool = False
     moe_overlap: bool = False
     checks: Tuple[str, ...] = ()
+    dispatcher: Optional[str] = None
+    pipeline_backend: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checks", tuple(sorted(set(self.checks))))
+        if self.dispatcher is not None and self.dispatcher not in FLEX_BACKENDS:
+            raise FieldValueError(
+                f"{FIELD}: dispatcher {show(self.dispatcher)} is not one of "
+                f"{', '.join(FLEX_BACKENDS)}; leave it out for the all-to-all or all-gather "
+                "dispatcher")
+        if self.pipeline_backend not in (None, *PIPELINE_BACKENDS):
+            raise FieldValueError(
+                f"{FIELD}: pipeline_backend {show(self.pipeline_backend)} is not one of "
+                f"{', '.join(PIPELINE_BACKENDS)}")
+        if self.pipeline_backend == "nccl":
+            # NCCL is Megatron-Core's default: stored as the default, so one
+            # layout has one compact form.
+            object.__setattr__(self, "pipeline_backend", None)
         # Only Megatron's stream use depends on these; dropping them for other
         # kinds keeps the compact form minimal and round trips exact.
         if self.kind != MEGATRON:
@@ -106,6 +126,14 @@ class Engine:
     @property
     def fsdp(self) -> bool:
         return self.megatron_fsdp or self.torch_fsdp2
+
+    @property
+    def flex_dispatcher(self) -> bool:
+        return self.dispatcher is not None
+
+    @property
+    def ucc_pipeline(self) -> bool:
+        return self.pipeline_backend == "ucc"
 
     @property
     def declared(self) -> bool:
@@ -123,6 +151,10 @@ class Engine:
             words.append("torch-FSDP2")
         if self.moe_overlap:
             words.append("MoE-A2A-overlap")
+        if self.dispatcher:
+            words.append(f"dispatcher={self.dispatcher}")
+        if self.pipeline_backend:
+            words.append(f"PP-backend={self.pipeline_backend}")
         if self.checks:
             words.append(f"checked by {'+'.join(self.checks)}")
         return " ".join(words)
@@ -141,6 +173,7 @@ ENGINE_DEFAULTS = {f.name: f.default for f in fields(Engine) if f.name not in ("
 MEGATRON_SETTINGS = tuple(ENGINE_DEFAULTS)
 SIZES = ("tensor_parallel", "context_parallel", "expert_parallel")
 FLAGS = ("megatron_fsdp", "torch_fsdp2", "moe_overlap")
+CHOICES = {"dispatcher": FLEX_BACKENDS, "pipeline_backend": PIPELINE_BACKENDS}
 
 
 @dataclass(frozen=True)
