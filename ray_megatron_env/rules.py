@@ -338,7 +338,8 @@ def markdown_tables() -> str:
             f"| {number} | `{rule.id}` | {'beside' if rule.beside else 'first match'} | "
             f"{rule.engine} | {rule.gpus} | "
             f"{_either(rule.model_parallel, 'yes', 'no')} | "
-            f"{_either(rule.megatron_fsdp, 'yes', 'no')} | {_either(rule.torch_fsdp2, 'yes', 'no')} | "
+            f"{_either(rule.megatron_fsdp, 'yes', 'no')} | "
+            f"{_either(rule.torch_fsdp2, 'yes', 'no')} | "
             f"{_either(rule.moe_overlap, 'yes', 'no')} | {_either(rule.dispatcher, 'yes', 'no')} | "
             f"{_either(rule.ucc_pipeline, 'yes', 'no')} | {rule.requirement.label} | "
             f"{_strength_words(rule)} | {rule.why} | {rule.source} |")

@@ -16,7 +16,7 @@ from .errors import FieldValueError
 from .rules import (
     CHECKS, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON, PIPELINE_BACKENDS,
 )
-from .values import FIELD, fail_type, show
+from .values import FIELD, fail_type, read_flag, read_name, show
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without the optional keys
@@ -45,6 +45,34 @@ def read_checks(value: Any, key: str) -> Tuple[str, ...]:
         raise FieldValueError(f"{FIELD}: {key} names unknown check(s) {show(unknown)}; "
                               f"known: {', '.join(CHECKS)}")
     return tuple(value)
+
+
+def read_dispatcher(dispatcher_type: Any, backend: Any, enable_deepep: Any,
+                    keys: Tuple[str, str, str]) -> Optional[str]:
+    """The ``Engine.dispatcher`` of Megatron-Core settings as a framework
+    passes them (``None`` where a setting is absent), read as Megatron-Core
+    reads them (transformer_config.py): the flex dispatcher runs only when
+    ``moe_token_dispatcher_type`` is "flex"; its backend defaults to deepep,
+    and the deprecated ``moe_enable_deepep`` means deepep. ``keys`` name the
+    three settings for errors."""
+    type_key, backend_key, deepep_key = keys
+    if dispatcher_type is None or read_name(dispatcher_type, type_key) != "flex":
+        return None
+    if enable_deepep is not None and read_flag(enable_deepep, deepep_key):
+        return "deepep"
+    backend = "deepep" if backend is None else read_name(backend, backend_key)
+    return backend if backend in FLEX_BACKENDS else None  # ncclep asks nothing
+
+
+def read_pipeline_backend(value: Any, key: str) -> Optional[str]:
+    """Megatron-Core's ``pipeline_model_parallel_comm_backend`` (None: NCCL)."""
+    if value is None:
+        return None
+    name = read_name(value, key)
+    if name not in PIPELINE_BACKENDS:
+        raise FieldValueError(f"{FIELD}: {key} is {name!r}; Megatron-Core accepts "
+                              f"{', '.join(PIPELINE_BACKENDS)}")
+    return name
 
 
 def resolve_kind(strategy: str, declared: Optional[str], key: str,
