@@ -206,11 +206,12 @@ _BRIDGE_LAUNCHER = ("Megatron-Bridge scripts/performance/utils/overrides.py, "
                     "_apply_flat_cli_environment_compatibility")
 _NON_CUDA_SOURCES = (
     "MindSpeed-MM tests/st shell scripts export 1 with the note that it only gets past "
-    "Megatron's check and has no effect on the NPU; verl PR #7040 (Ascend CI failed on this "
-    "assert without it); slime docker/npu_patch run scripts export 1; FlagScale PR #1288 "
-    "(the same assert on MUSA), Moore Threads launch scripts export 1 for it; ROCm clr "
-    "rocclr/utils/flags.hpp: HIP's own queue setting is GPU_MAX_HW_QUEUES (default 4) and "
-    "no CUDA_DEVICE_MAX_CONNECTIONS is read")
+    "Megatron's check and has no effect on the NPU; verl PR #7040 (its Ascend e2e CI with the "
+    "MindSpeed-LLM engine failed on this assert without it); slime docker/npu_patch run "
+    "scripts export 1; FlagScale issue #1289 / PR #1288 (the same assert on MUSA; MUSA and "
+    "CANN do not read the variable); MUSA launch scripts of Megatron training export 1 for "
+    "it; ROCm clr rocclr/utils/flags.hpp: HIP's own queue setting is GPU_MAX_HW_QUEUES "
+    "(default 4) and no CUDA_DEVICE_MAX_CONNECTIONS is read")
 
 RULES = (
     Rule("no-gpu", ANY, NO_GPU, None, None, None, None, NOTHING,
