@@ -56,23 +56,34 @@ def read_dispatcher(dispatcher_type: Any, backend: Any, enable_deepep: Any,
     and the deprecated ``moe_enable_deepep`` means deepep. ``keys`` name the
     three settings for errors."""
     type_key, backend_key, deepep_key = keys
-    if dispatcher_type is None or read_name(dispatcher_type, type_key) != "flex":
+    kind = None if dispatcher_type is None else _one_of(dispatcher_type, type_key,
+                                                        DISPATCHER_TYPES)
+    backend = None if backend is None else _one_of(backend, backend_key, MEGATRON_FLEX_BACKENDS)
+    deepep = enable_deepep is not None and read_flag(enable_deepep, deepep_key)
+    if kind != "flex":
         return None
-    if enable_deepep is not None and read_flag(enable_deepep, deepep_key):
+    if deepep or backend is None:
         return "deepep"
-    backend = "deepep" if backend is None else read_name(backend, backend_key)
     return backend if backend in FLEX_BACKENDS else None  # ncclep asks nothing
+
+
+# Megatron-Core's choices (transformer_config.py), so that a typo is an error
+# rather than a dispatcher silently read as "not flex".
+DISPATCHER_TYPES = ("allgather", "alltoall", "flex")
+MEGATRON_FLEX_BACKENDS = (*FLEX_BACKENDS, "ncclep")
+
+
+def _one_of(value: Any, key: str, allowed: Tuple[str, ...]) -> str:
+    name = read_name(value, key)
+    if name not in allowed:
+        raise FieldValueError(f"{FIELD}: {key} is {name!r}; Megatron-Core accepts "
+                              f"{', '.join(allowed)}")
+    return name
 
 
 def read_pipeline_backend(value: Any, key: str) -> Optional[str]:
     """Megatron-Core's ``pipeline_model_parallel_comm_backend`` (None: NCCL)."""
-    if value is None:
-        return None
-    name = read_name(value, key)
-    if name not in PIPELINE_BACKENDS:
-        raise FieldValueError(f"{FIELD}: {key} is {name!r}; Megatron-Core accepts "
-                              f"{', '.join(PIPELINE_BACKENDS)}")
-    return name
+    return None if value is None else _one_of(value, key, PIPELINE_BACKENDS)
 
 
 def resolve_kind(strategy: str, declared: Optional[str], key: str,

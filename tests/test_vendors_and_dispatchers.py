@@ -185,3 +185,19 @@ def test_explain_cli_shows_both_rows_and_exits_1_for_the_ucc_conflict(capsys, tm
     out = capsys.readouterr().out
     assert "-> megatron-model-parallel (1)" in out
     assert "-> megatron-core-ucc-pipeline (not 1)" in out
+
+
+@pytest.mark.parametrize("override, key", [
+    ("moe_token_dispatcher_type=Flex", "moe_token_dispatcher_type"),
+    ("moe_flex_dispatcher_backend=deep_ep", "moe_flex_dispatcher_backend"),
+])
+def test_a_dispatcher_typo_is_an_error_not_a_silent_all_to_all(override, key):
+    # Megatron-Core's Literal choices: a value it would refuse is refused here too.
+    config = plain(f"{OVERRIDE}.moe_token_dispatcher_type=flex", f"{OVERRIDE}.{override}")
+    with pytest.raises(FieldValueError, match=f"override_transformer_config.{key}.*Megatron-Core"):
+        load_spec(config)
+
+
+def test_slime_bad_pipeline_backend_names_the_flag():
+    with pytest.raises(FieldValueError, match="pipeline_model_parallel_comm_backend.*nccl, ucc"):
+        load_spec(slime_args("--pipeline-model-parallel-comm-backend", "gloo"))
