@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from . import __version__
 from .field import explicit_value, parse_connections
 from .gpus import NodeGpus
-from .policy import Verdict, by_role, evaluate
+from .policy import ONE_ENGINE_FIX, Verdict, by_role, evaluate, within_one_engine
 from .rules import NOTHING, VARIABLE
 from .spec import Spec
 
@@ -137,6 +137,12 @@ def _conflict_warnings(verdict: Verdict) -> List[str]:
     out = []
     for finding in verdict.unmet:
         rule = finding.rule
+        if within_one_engine(verdict.findings, finding):  # a row and a beside assert
+            out.append(f"{finding.role} ({finding.engine.describe()}) asks "
+                       f"{rule.requirement.label} [{rule.id}; {finding.because()}] while "
+                       f"another of its rows asks {verdict.requirement.label}; fix: "
+                       f"{ONE_ENGINE_FIX}")
+            continue
         out.append(
             f"{finding.role} ({finding.engine.describe()}) asks {rule.requirement.label} "
             f"[{rule.id}; {finding.because()}], which this shared runtime env "

@@ -112,6 +112,22 @@ def by_role(findings: Iterable[Finding]) -> Dict[str, Tuple[str, str, str]]:
     return out
 
 
+def within_one_engine(findings: Sequence[Finding], finding: Finding) -> bool:
+    """Whether ``finding`` conflicts with another row of its own engine (a
+    table row and a ``beside`` assert), which no per-role env can fix."""
+    return any(f.role == finding.role and f is not finding for f in findings)
+
+
+ONE_ENGINE_FIX = ("no runtime env can meet both, since one engine's own settings ask for "
+                  "them: change that engine's settings (its pipeline backend or its TP/CP)")
+ROLE_FIX = "give each role its own env with build_runtime_env(role=...)"
+
+
+def _fix(findings: Sequence[Finding], unmet: Sequence[Finding]) -> str:
+    return (ONE_ENGINE_FIX if all(within_one_engine(findings, f) for f in unmet)
+            else ROLE_FIX)
+
+
 def _phrase(requirement: Requirement, strength: str, plural: bool) -> str:
     verb = ("need" if plural else "needs")
     if requirement == NOTHING:
@@ -181,8 +197,7 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
         return Verdict(chosen, chosen, findings, True, True, unmet,
                        f"{clauses}; these required rules cannot all hold in one runtime env, so "
                        "a worker of " + " and ".join(f.words() for f in unmet) +
-                       " fails on this node (give each role its own env with "
-                       "build_runtime_env(role=...))")
+                       f" fails on this node ({_fix(findings, unmet)})")
     combined = _meet_all(preferred, hard)
     if combined is not None:
         return Verdict(combined, hard, findings, False, False, (), clauses)
@@ -196,7 +211,7 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
     return Verdict(combined, hard, findings, True, False, unmet,
                    f"{clauses}; these conflict in one runtime env, so {combined.label} is kept "
                    "and the preference of " + " and ".join(f.words() for f in unmet) +
-                   " is not met (give each role its own env with build_runtime_env(role=...))")
+                   f" is not met ({_fix(findings, unmet)})")
 
 
 REPRESENTATIVE_GPUS = {PRE_BLACKWELL: ((9, 0),), BLACKWELL_OR_NEWER: ((10, 0),)}

@@ -173,6 +173,9 @@ def test_slime_tp2_with_ucc_before_blackwell_is_a_hard_conflict():
     assert decision.rules == {"actor": "megatron-model-parallel+megatron-core-ucc-pipeline"}
     assert "initialize_model_parallel" in decision.because["actor"]
     assert any("megatron-core-ucc-pipeline" in w for w in decision.warnings)
+    # One engine asks both: a per-role env cannot help, and the advice says so.
+    assert "change that engine's settings" in decision.reason
+    assert not any("role=" in w for w in decision.warnings), decision.warnings
     # On Blackwell only UCC's "not 1" holds, and unset meets it.
     blackwell = explain(args, "10.0", role="actor")
     assert blackwell.satisfied and blackwell.value is None
