@@ -161,10 +161,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if decision.engines:
         print("engines and the rules that decided them:")
     for role, engine in decision.engines.items():
-        rule = by_id[decision.rules[role]]
-        print(f"  {role}: {engine} -> {rule.id} ({rule.requirement.label}): {rule.why}")
+        # An engine may take more than one row ('a+b'): a table row and an
+        # assert that holds beside it (Megatron-Core's UCC check).
+        for rule in (by_id[rule_id] for rule_id in decision.rules[role].split("+")):
+            print(f"  {role}: {engine} -> {rule.id} ({rule.requirement.label}): {rule.why}")
+            print(f"      source: {rule.source}")
         print(f"      {decision.because[role]}")
-        print(f"      source: {rule.source}")
     for warning in decision.warnings:
         print(f"warning: {warning}")
     if not decision.satisfied:
@@ -301,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "argument list, or the compact form")
     explain.add_argument("--gpus", required=True,
                          help="compute capabilities, e.g. 9.0 or 9.0,9.0,10.0; 'none' for no GPU; "
-                              "'amd' for an AMD (ROCm) node")
+                              "'amd' for an AMD (ROCm) node, 'npu' for a Huawei Ascend node, "
+                              "'musa' for a Moore Threads node")
     role_option(explain)
     explain.add_argument("--explicit", metavar="N", help="an env_vars value in the runtime env")
     explain.add_argument("--node-value", metavar="N",

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from . import __version__
 from .field import explicit_value, parse_connections
 from .gpus import NodeGpus
-from .policy import Verdict, evaluate
+from .policy import ONE_ENGINE_FIX, Verdict, by_role, evaluate, within_one_engine
 from .rules import NOTHING, VARIABLE
 from .spec import Spec
 
@@ -99,6 +99,7 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
     reason = f"{verdict.reason}{left_out}; {outcome}."
     if process:
         reason = f"{process}: {reason}"
+    roles = by_role(verdict.findings)  # an engine may take more than one row
     return Decision(
         value=value,
         source=source,
@@ -106,9 +107,9 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
         requirement=verdict.requirement.label,
         gpus=gpus.labels(),
         engines={f.role: f.engine.describe() for f in verdict.findings},
-        rules={f.role: f.rule.id for f in verdict.findings},
-        strengths={f.role: f.strength for f in verdict.findings},
-        because={f.role: f.because() for f in verdict.findings},
+        rules={role: ids for role, (ids, _, _) in roles.items()},
+        strengths={role: strength for role, (_, strength, _) in roles.items()},
+        because={role: words for role, (_, _, words) in roles.items()},
         conflict=verdict.conflict,
         satisfied=not verdict.hard_conflict and verdict.required.allows(_as_count(value)),
         warnings=tuple(warnings),
@@ -136,6 +137,12 @@ def _conflict_warnings(verdict: Verdict) -> List[str]:
     out = []
     for finding in verdict.unmet:
         rule = finding.rule
+        if within_one_engine(verdict.findings, finding):  # a row and a beside assert
+            out.append(f"{finding.role} ({finding.engine.describe()}) asks "
+                       f"{rule.requirement.label} [{rule.id}; {finding.because()}] while "
+                       f"another of its rows asks {verdict.requirement.label}; fix: "
+                       f"{ONE_ENGINE_FIX}")
+            continue
         out.append(
             f"{finding.role} ({finding.engine.describe()}) asks {rule.requirement.label} "
             f"[{rule.id}; {finding.because()}], which this shared runtime env "

@@ -10,7 +10,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 from .decision import Decision, decide_for_worker
 from .errors import FieldValueError
-from .gpus import NodeGpus, parse_capability
+from .gpus import VENDOR_TOKENS, NodeGpus, parse_capability
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, load_spec
 from .spec import Roles
@@ -19,17 +19,19 @@ from .values import FIELD
 
 def parse_gpu_list(gpus: Union[str, Sequence[str]]) -> NodeGpus:
     """'9.0,9.0,10.0' (or a list of such) -> NodeGpus; 'none' or '' -> no GPU;
-    'amd' -> a node with AMD GPUs (ROCm)."""
+    'amd' (ROCm), 'npu' or 'ascend' (Huawei Ascend), 'musa' (Moore Threads):
+    a node with that vendor's accelerators."""
     items = gpus.split(",") if isinstance(gpus, str) else list(gpus)
     items = [item.strip() for item in items if item.strip()]
     if [item.lower() for item in items] in ([], ["none"]):
         return NodeGpus.known((), "given")
-    if [item.lower() for item in items] == ["amd"]:
-        return NodeGpus.other("amd", "given")
+    if len(items) == 1 and items[0].lower() in VENDOR_TOKENS:
+        return NodeGpus.other(VENDOR_TOKENS[items[0].lower()], "given")
     try:
         return NodeGpus.known([parse_capability(item) for item in items], "given")
     except ValueError as exc:
-        raise FieldValueError(f"{FIELD}: --gpus: {exc}") from None
+        raise FieldValueError(f"{FIELD}: --gpus: {exc}; or one of none, "
+                              f"{', '.join(VENDOR_TOKENS)}") from None
 
 
 def explain(config: ConfigLike, gpus: Union[str, Sequence[str]], *, role: Roles = None,

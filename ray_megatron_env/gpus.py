@@ -11,7 +11,20 @@ from typing import Optional, Sequence, Tuple
 
 Capability = Tuple[int, int]
 
-VENDORS = {"amd": "AMD (ROCm)"}
+# Accelerators other than NVIDIA's, by the id the decision records
+# (``gpus: ["ascend"]``) -> the words a reason uses. Their runtimes do not
+# read CUDA_DEVICE_MAX_CONNECTIONS; only Python code (Megatron's asserts)
+# does, so the policy gives them a class of their own (docs/rules.md).
+AMD = "amd"
+ASCEND = "ascend"
+MUSA = "musa"
+VENDORS = {
+    AMD: "AMD (ROCm) GPUs",
+    ASCEND: "Huawei Ascend NPUs",
+    MUSA: "Moore Threads (MUSA) GPUs",
+}
+# What ``RAY_MEGATRON_ENV_FAKE_GPUS`` and ``explain --gpus`` accept for each.
+VENDOR_TOKENS = {"amd": AMD, "npu": ASCEND, "ascend": ASCEND, "musa": MUSA}
 
 _CAPABILITY = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\s*$")
 
@@ -34,8 +47,8 @@ class NodeGpus:
 
     ``capabilities`` is ``()`` for a node without NVIDIA GPUs and ``None``
     when the probe failed, so the policy can tell "none" from "unknown".
-    ``vendor`` names another vendor's GPUs (``"amd"``) on a node without
-    NVIDIA GPUs.
+    ``vendor`` names another vendor's accelerators (``VENDORS``) on a node
+    without NVIDIA GPUs.
     """
 
     capabilities: Optional[Tuple[Capability, ...]]
@@ -79,7 +92,7 @@ class NodeGpus:
         if self.capabilities is None:
             return f"unknown GPUs ({self.method} probe failed: {self.error})"
         if not self.capabilities:
-            return f"{VENDORS.get(self.vendor, self.vendor)} GPUs" if self.vendor else "no NVIDIA GPU"
+            return VENDORS.get(self.vendor, self.vendor) if self.vendor else "no NVIDIA GPU"
         distinct = sorted(set(self.capabilities))
         oldest = format_capability(distinct[0])
         if len(distinct) == 1:

@@ -13,12 +13,12 @@ over another engine's overlap), and each preference left unmet is named.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 from .gpus import NodeGpus
 from .rules import (
-    ANY, BLACKWELL_OR_NEWER, NO_GPU, NOTHING, PRE_BLACKWELL, PREFERRED, REQUIRED, RULES,
-    Requirement, Rule,
+    ANY, BLACKWELL_OR_NEWER, NO_GPU, NON_CUDA, NONE, NOTHING, PRE_BLACKWELL, PREFERRED,
+    REQUIRED, RULES, Requirement, Rule,
 )
 from .spec import Engine, Spec
 
@@ -54,10 +54,11 @@ class Verdict:
 def gpu_class(gpus: NodeGpus) -> str:
     if gpus.capabilities is None:
         return PRE_BLACKWELL  # unknown: the conservative class (see rules.py)
-    if gpus.vendor == "amd":
-        # PyTorch on ROCm reports Instinct GPUs as major 9, so Megatron-LM's
-        # check treats them as pre-Blackwell; the rows follow it there.
-        return PRE_BLACKWELL
+    if gpus.vendor is not None:
+        # AMD, Ascend, Moore Threads: the runtime ignores the variable, but
+        # Megatron-LM's Python check still reads it (they report a major
+        # version below 10: PyTorch on ROCm gives Instinct GPUs 9.x).
+        return NON_CUDA
     if not gpus.capabilities:
         return NO_GPU
     return BLACKWELL_OR_NEWER if gpus.oldest[0] >= 10 else PRE_BLACKWELL
@@ -71,14 +72,60 @@ def _matches(rule: Rule, engine: Engine, gpus: str) -> bool:
         and rule.megatron_fsdp in (None, engine.megatron_fsdp)
         and rule.torch_fsdp2 in (None, engine.torch_fsdp2)
         and rule.moe_overlap in (None, engine.moe_overlap)
+        and rule.dispatcher in (None, engine.flex_dispatcher)
+        and rule.ucc_pipeline in (None, engine.ucc_pipeline)
     )
 
 
 def rule_for(engine: Engine, gpus: str, rules: Sequence[Rule] = RULES) -> Rule:
+    """The first matching row (rows marked ``beside`` are not alternatives)."""
     for rule in rules:
-        if _matches(rule, engine, gpus):
+        if not rule.beside and _matches(rule, engine, gpus):
             return rule
     raise AssertionError(f"no rule covers {engine} on {gpus}")  # the table is total
+
+
+def rules_for(engine: Engine, gpus: str, rules: Sequence[Rule] = RULES) -> Tuple[Rule, ...]:
+    """Every row an engine takes: its first match, then each ``beside``
+    row (an assert that holds whatever else the engine does) that matches."""
+    return (rule_for(engine, gpus, rules),) + tuple(
+        rule for rule in rules if rule.beside and _matches(rule, engine, gpus))
+
+
+_STRONGEST = (REQUIRED, PREFERRED, NONE)
+
+
+def by_role(findings: Iterable[Finding]) -> Dict[str, Tuple[str, str, str]]:
+    """role -> (rule ids joined by '+', the strongest strength, the strengths
+    in words joined by '; '): one entry per role even where an engine takes
+    more than one row."""
+    grouped: Dict[str, list] = {}
+    for finding in findings:
+        grouped.setdefault(finding.role, []).append(finding)
+    out = {}
+    for role, found in grouped.items():
+        strength = min((f.strength for f in found), key=_STRONGEST.index)
+        # Rows that ask nothing add no words beside a row that asks something.
+        said = [f for f in found if f.strength != NONE] or found[:1]
+        out[role] = ("+".join(f.rule.id for f in found), strength,
+                     "; ".join(f.because() for f in said))
+    return out
+
+
+def within_one_engine(findings: Sequence[Finding], finding: Finding) -> bool:
+    """Whether ``finding`` conflicts with another row of its own engine (a
+    table row and a ``beside`` assert), which no per-role env can fix."""
+    return any(f.role == finding.role and f is not finding for f in findings)
+
+
+ONE_ENGINE_FIX = ("no runtime env can meet both, since one engine's own settings ask for "
+                  "them: change that engine's settings (its pipeline backend or its TP/CP)")
+ROLE_FIX = "give each role its own env with build_runtime_env(role=...)"
+
+
+def _fix(findings: Sequence[Finding], unmet: Sequence[Finding]) -> str:
+    return (ONE_ENGINE_FIX if all(within_one_engine(findings, f) for f in unmet)
+            else ROLE_FIX)
 
 
 def _phrase(requirement: Requirement, strength: str, plural: bool) -> str:
@@ -133,8 +180,8 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
         return Verdict(NOTHING, NOTHING, (), False, False, (),
                        "no engine is in scope, so nothing is required")
     cls = gpu_class(gpus)
-    findings = tuple(Finding(role, engine, rule_for(engine, cls, rules))
-                     for role, engine in spec.engines)
+    findings = tuple(Finding(role, engine, rule)
+                     for role, engine in spec.engines for rule in rules_for(engine, cls, rules))
     clauses = f"{where}: {_clauses(findings)}"
     required = [f for f in findings if f.strength == REQUIRED]
     preferred = [f for f in findings if f.strength == PREFERRED]
@@ -150,8 +197,7 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
         return Verdict(chosen, chosen, findings, True, True, unmet,
                        f"{clauses}; these required rules cannot all hold in one runtime env, so "
                        "a worker of " + " and ".join(f.words() for f in unmet) +
-                       " fails on this node (give each role its own env with "
-                       "build_runtime_env(role=...))")
+                       f" fails on this node ({_fix(findings, unmet)})")
     combined = _meet_all(preferred, hard)
     if combined is not None:
         return Verdict(combined, hard, findings, False, False, (), clauses)
@@ -165,7 +211,7 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
     return Verdict(combined, hard, findings, True, False, unmet,
                    f"{clauses}; these conflict in one runtime env, so {combined.label} is kept "
                    "and the preference of " + " and ".join(f.words() for f in unmet) +
-                   " is not met (give each role its own env with build_runtime_env(role=...))")
+                   f" is not met ({_fix(findings, unmet)})")
 
 
 REPRESENTATIVE_GPUS = {PRE_BLACKWELL: ((9, 0),), BLACKWELL_OR_NEWER: ((10, 0),)}

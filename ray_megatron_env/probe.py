@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from .gpus import Capability, NodeGpus, parse_capability
+from .gpus import AMD, ASCEND, MUSA, VENDOR_TOKENS, Capability, NodeGpus, parse_capability
 
 FAKE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_GPUS"
 METHOD_VARIABLE = "RAY_MEGATRON_ENV_PROBE"  # auto (default) | nvml | nvidia-smi
@@ -36,6 +36,14 @@ NVML_TIMEOUT_S = 3.0
 RETRY_FAILED_AFTER_S = 60.0
 NVIDIA_LISTING = "proc/driver/nvidia/gpus"  # one folder per device, from the kernel module
 AMD_DEVICE = "dev/kfd"  # the ROCm compute device; present when an AMD GPU driver is loaded
+DEVICE_FOLDER = "dev"
+# One device node per accelerator, as the vendors' container runtimes hand
+# them to containers: Ascend's driver creates /dev/davinci<N> for each NPU
+# (beside the shared davinci_manager, devmm_svm and hisi_hdc nodes, which are
+# not devices); Moore Threads' driver creates /dev/mtgpu.<N> (some releases
+# and docs spell it /dev/mtgpu<N>). Reading names in /dev runs nothing: no
+# npu-smi or mthreads-gmi subprocess that could hang.
+OTHER_DEVICES = ((ASCEND, re.compile(r"^davinci\d+$")), (MUSA, re.compile(r"^mtgpu\.?\d+$")))
 
 _INDEX = re.compile(r"^-?\d+$")
 
@@ -117,12 +125,34 @@ def _from_listings(environ: Mapping[str, str], failures: List[str], errored: boo
             "listing", f"{len(devices)} NVIDIA device(s) in {listing} ({_clip(', '.join(devices))}) "
                        f"but their compute capability is unreadable ({said})")
     if os.path.exists(os.path.join(root, AMD_DEVICE)):
-        return NodeGpus.other("amd", "listing",
+        return NodeGpus.other(AMD, "listing",
                               detail=f"{os.path.join(root, AMD_DEVICE)} exists (ROCm); no NVIDIA "
                                      f"device ({said})")
+    other = _other_devices(os.path.join(root, DEVICE_FOLDER))
+    if other is not None:
+        vendor, names = other
+        return NodeGpus.other(vendor, "listing",
+                              detail=f"{len(names)} device node(s) in "
+                                     f"{os.path.join(root, DEVICE_FOLDER)} "
+                                     f"({_clip(', '.join(names))}); no NVIDIA device ({said})")
     if errored:
         return NodeGpus.unknown("listing", f"no device in {listing}, but a probe failed: {said}")
-    return NodeGpus.known((), "listing", detail=f"no NVIDIA or AMD device; {said}")
+    return NodeGpus.known((), "listing",
+                          detail=f"no NVIDIA, AMD, Ascend or Moore Threads device; {said}")
+
+
+def _other_devices(folder: str) -> Optional[tuple]:
+    """(vendor, device names) of the first vendor with device nodes in
+    ``folder``, or None. An unreadable /dev says nothing, as an absent one."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return None
+    for vendor, pattern in OTHER_DEVICES:
+        found = [name for name in names if pattern.match(name)]
+        if found:
+            return vendor, found
+    return None
 
 
 # One NVML call may hang inside the driver; it is never waited on twice.
@@ -159,8 +189,9 @@ def _bounded(call: Callable[[], NodeGpus], timeout_s: float) -> NodeGpus:
 def _from_fake(text: str) -> NodeGpus:
     if text.lower() == "none":
         return NodeGpus.known((), "fake", detail=f"{FAKE_VARIABLE}=none")
-    if text.lower() == "amd":
-        return NodeGpus.other("amd", "fake", detail=f"{FAKE_VARIABLE}=amd")
+    vendor = VENDOR_TOKENS.get(text.lower())
+    if vendor is not None:
+        return NodeGpus.other(vendor, "fake", detail=f"{FAKE_VARIABLE}={text}")
     try:
         capabilities = [parse_capability(part) for part in text.split(",")]
     except ValueError as exc:

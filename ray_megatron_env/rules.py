@@ -6,8 +6,14 @@ condition it comes from, so a reviewer can check each claim at its source.
 
 Each row also has a strength. *Required*: the job fails without it, because
 an assert in a code path the job runs checks the value (Megatron-LM's
-``validate_args``, which only frameworks that call it run). *Preferred*: the
-value only changes speed or overlap.
+``validate_args``, which only frameworks that call it run; Megatron-Core's
+own group set-up, which every framework runs). *Preferred*: the value only
+changes speed or overlap.
+
+Most rows are alternatives: an engine takes the first that matches. A row
+marked ``beside`` is an assert that holds on top of that row (Megatron-Core's
+UCC check runs whatever else the engine does), so every matching one applies
+too, and two required rows of one engine can conflict.
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ KNOWN_STRATEGIES: Dict[str, str] = {
 NO_GPU = "no GPU"
 PRE_BLACKWELL = "major < 10"
 BLACKWELL_OR_NEWER = "major >= 10"
+# AMD (ROCm), Huawei Ascend and Moore Threads (MUSA) accelerators: their
+# runtimes do not read the variable (HIP's queue knob is GPU_MAX_HW_QUEUES,
+# MUSA's is MUSA_DEVICE_MAX_CONNECTIONS; CANN has none), but Megatron's
+# Python asserts read it there as on CUDA. docs/rules.md has the sources.
+NON_CUDA = "non-CUDA accelerator"
 ANY = "any"
 
 # Strengths.
@@ -71,6 +82,23 @@ CHECKS: Dict[str, str] = {
     MEGATRON_LM_CHECK: "Megatron-LM's argument check (validate_args) asserts it",
     MEGATRON_BRIDGE_CHECK: "Megatron-Bridge's config check (ConfigContainer.validate) asserts it",
 }
+# Checks that run wherever a Megatron engine runs, in every framework:
+# Megatron-Core asserts them itself, in-process, when it builds its groups.
+# They are never listed in an engine's ``checks``; a row they assert is
+# required for every Megatron engine.
+MEGATRON_CORE_CHECK = "megatron-core"
+ALWAYS_RUN: Dict[str, str] = {
+    MEGATRON_CORE_CHECK: "Megatron-Core's initialize_model_parallel asserts it (in every "
+                         "framework)",
+}
+ASSERTS: Dict[str, str] = {**CHECKS, **ALWAYS_RUN}
+
+# The flex token dispatcher's backends that run their own communication
+# streams (Megatron-Core moe_flex_dispatcher_backend; ncclep is not read).
+FLEX_BACKENDS = ("deepep", "hybridep")
+# Megatron-Core's pipeline-parallel communication backends
+# (model_parallel_config.py pipeline_model_parallel_comm_backend).
+PIPELINE_BACKENDS = ("nccl", "ucc")
 
 
 @dataclass(frozen=True)
@@ -149,16 +177,23 @@ class Rule:
     source: str
     required_by: Tuple[str, ...] = ()
 
+    dispatcher: Optional[bool] = None  # the DeepEP or HybridEP flex dispatcher
+    ucc_pipeline: Optional[bool] = None  # pipeline communication on UCC
+    beside: bool = False  # applies on top of the engine's first matching row
+
+    def _running(self, checks: Iterable[str]) -> list:
+        running = set(checks) | set(ALWAYS_RUN)
+        return [c for c in self.required_by if c in running]
+
     def strength_for(self, checks: Iterable[str]) -> str:
         if not self.requirement.is_constraint:
             return NONE
-        return REQUIRED if set(checks) & set(self.required_by) else PREFERRED
+        return REQUIRED if self._running(checks) else PREFERRED
 
     def because(self, strength: str, checks: Iterable[str] = ()) -> str:
         """'required: Megatron-LM's argument check asserts it', and so on."""
         if strength == REQUIRED:
-            asserting = [c for c in self.required_by if c in set(checks)]
-            return "required: " + "; ".join(CHECKS[c] for c in asserting)
+            return "required: " + "; ".join(ASSERTS[c] for c in self._running(checks))
         if strength == PREFERRED:
             return f"preferred: {self.preferred_because}"
         return "nothing to set"
@@ -166,6 +201,17 @@ class Rule:
 
 _VALIDATE_ARGS = "Megatron-LM megatron/training/arguments.py, validate_args"
 _CORE = "(Megatron-Core 0.13 and later; see docs/rules.md for older releases)"
+
+_BRIDGE_LAUNCHER = ("Megatron-Bridge scripts/performance/utils/overrides.py, "
+                    "_apply_flat_cli_environment_compatibility")
+_NON_CUDA_SOURCES = (
+    "MindSpeed-MM tests/st shell scripts export 1 with the note that it only gets past "
+    "Megatron's check and has no effect on the NPU; verl PR #7040 (its Ascend e2e CI with the "
+    "MindSpeed-LLM engine failed on this assert without it); slime docker/npu_patch run "
+    "scripts export 1; FlagScale issue #1289 / PR #1288 (the same assert on MUSA; MUSA and "
+    "CANN do not read the variable); MUSA launch scripts of Megatron training export 1 for "
+    "it; ROCm clr rocclr/utils/flags.hpp: HIP's own queue setting is GPU_MAX_HW_QUEUES "
+    "(default 4) and no CUDA_DEVICE_MAX_CONNECTIONS is read")
 
 RULES = (
     Rule("no-gpu", ANY, NO_GPU, None, None, None, None, NOTHING,
@@ -186,6 +232,20 @@ RULES = (
          "keeps FSDP2's all-gather and reduce-scatter overlapping compute",
          f"{_VALIDATE_ARGS}: asserts the value is not '1' when use_torch_fsdp2 is set",
          (MEGATRON_LM_CHECK,)),
+    Rule("non-cuda-megatron-model-parallel", MEGATRON, NON_CUDA, True, False, False, False,
+         MUST_BE_1,
+         "Megatron-LM's TP/CP check reads the CUDA variable's name from Python on these "
+         "accelerators too (they report a major version below 10); their runtimes ignore "
+         "the value itself",
+         "lets Megatron-LM's TP/CP assert pass wherever the stack runs it (the accelerator "
+         "ignores the value)",
+         f"{_VALIDATE_ARGS}: asserts '1' for TP or CP > 1 below major 10, from Python; "
+         + _NON_CUDA_SOURCES,
+         (MEGATRON_LM_CHECK,)),
+    Rule("non-cuda", ANY, NON_CUDA, None, None, None, None, NOTHING,
+         "the accelerator's runtime does not read the variable and nothing asserts a value "
+         "for this engine there, so there is nothing to set", "",
+         _NON_CUDA_SOURCES),
     Rule("megatron-moe-overlap", MEGATRON, ANY, None, False, False, True, NOT_1_PREFER_32,
          "MoE expert-parallel all-to-all overlap runs its communication on a second stream, "
          "which 1 serialises behind compute",
@@ -197,7 +257,8 @@ RULES = (
          "scripts/performance/utils/overrides.py (not 1 with A2A overlap)"),
     Rule("megatron-blackwell", MEGATRON, BLACKWELL_OR_NEWER, None, False, False, False, NOTHING,
          "Blackwell and newer GPUs keep collectives ahead of compute without it", "",
-         f"{_VALIDATE_ARGS}: the check applies only below compute capability major 10 {_CORE}"),
+         f"{_VALIDATE_ARGS}: the check applies only below compute capability major 10 {_CORE}",
+         dispatcher=False),
     Rule("megatron-model-parallel", MEGATRON, PRE_BLACKWELL, True, False, False, False,
          MUST_BE_1,
          "Megatron tensor/context parallelism before Blackwell keeps its collectives ahead "
@@ -205,12 +266,25 @@ RULES = (
          "keeps tensor/context-parallel collectives ahead of compute",
          f"{_VALIDATE_ARGS}: asserts the value is '1' when tensor_model_parallel_size > 1 or "
          "context_parallel_size > 1 below compute capability major 10, without FSDP or MoE "
-         f"A2A overlap {_CORE}; Megatron-Core megatron/core/tensor_parallel/layers.py and "
-         "TransformerEngine only warn",
+         f"A2A overlap {_CORE}, whatever the token dispatcher; Megatron-Core "
+         "megatron/core/tensor_parallel/layers.py and TransformerEngine only warn; "
+         f"{_BRIDGE_LAUNCHER} keeps 1 there even with DeepEP or HybridEP",
          (MEGATRON_LM_CHECK,)),
+    Rule("megatron-flex-dispatcher", MEGATRON, ANY, None, False, False, False, NOT_1_PREFER_32,
+         "the DeepEP and HybridEP token dispatchers run their all-to-all on communication "
+         "streams of their own, which 1 serialises behind compute",
+         "lets the DeepEP/HybridEP dispatch and combine overlap compute (32, as "
+         "Megatron-Bridge sets)",
+         f"{_BRIDGE_LAUNCHER}: 32 when the dispatcher backend is deepep or hybridep, except "
+         "TP or CP > 1 without A2A overlap before Blackwell (the row above); its H100 recipes "
+         "with DeepEP/HybridEP at TP=1 set 32 (perf_recipes/qwen/h100/qwen3_moe.py, "
+         "recipes/moonlight/h100/moonlight_16b.py); Megatron-Core "
+         "transformer/moe/token_dispatcher.py (overlap only with the value above 1)",
+         dispatcher=True),
     Rule("megatron-no-model-parallel", MEGATRON, ANY, False, False, False, False, NOTHING,
          "Megatron without tensor or context parallelism has no collective to order", "",
-         f"{_VALIDATE_ARGS}: the check requires TP > 1 or CP > 1 {_CORE}"),
+         f"{_VALIDATE_ARGS}: the check requires TP > 1 or CP > 1 {_CORE}",
+         dispatcher=False),
     Rule("fsdp-style", FSDP, ANY, None, None, None, None, NOT_1,
          "FSDP-style engines overlap all-gather and reduce-scatter with compute on separate "
          "streams, which 1 serialises",
@@ -223,7 +297,17 @@ RULES = (
          "no assert anywhere: SGLang python/sglang/srt/entrypoints/engine.py sets its own "
          "value in its own process at start-up (8; verl's patch 4); vLLM reads no such "
          "setting"),
+    Rule("megatron-core-ucc-pipeline", MEGATRON, ANY, None, None, None, None, NOT_1,
+         "pipeline communication on the UCC backend overlaps only with more than one "
+         "hardware queue, and Megatron-Core refuses 1 when it builds the pipeline groups",
+         "keeps UCC pipeline transfers overlapping compute",
+         "Megatron-Core megatron/core/parallel_state.py, initialize_model_parallel: with "
+         "pipeline_model_parallel_comm_backend='ucc', asserts the value is not '1' when it "
+         "is set (unset passes); every framework that builds Megatron-Core groups runs it",
+         (MEGATRON_CORE_CHECK,), ucc_pipeline=True, beside=True),
 )
+FIRST_MATCH_RULES = tuple(rule for rule in RULES if not rule.beside)
+BESIDE_RULES = tuple(rule for rule in RULES if rule.beside)
 
 
 def _either(value: Optional[bool], yes: str, no: str) -> str:
@@ -233,6 +317,8 @@ def _either(value: Optional[bool], yes: str, no: str) -> str:
 def _strength_words(rule: Rule) -> str:
     if not rule.requirement.is_constraint:
         return "-"
+    if set(rule.required_by) & set(ALWAYS_RUN):
+        return "required (" + " and ".join(f"`{c}`" for c in rule.required_by) + ": always runs)"
     if rule.required_by:
         return ("required where " + " or ".join(f"`{c}`" for c in rule.required_by) +
                 " checks run; else preferred")
@@ -243,19 +329,25 @@ def markdown_tables() -> str:
     """The rule and engine tables as ``docs/rules.md`` shows them; a test
     keeps the page in step with this module."""
     lines = [
-        "| # | rule | engine | GPUs (oldest on the node) | TP or CP > 1 | Megatron-FSDP | "
-        "torch FSDP2 | MoE A2A overlap | asks | strength | why | source |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| # | rule | applies | engine | GPUs (oldest on the node) | TP or CP > 1 | "
+        "Megatron-FSDP | torch FSDP2 | MoE A2A overlap | DeepEP/HybridEP dispatcher | "
+        "UCC pipeline | asks | strength | why | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for number, rule in enumerate(RULES, 1):
         lines.append(
-            f"| {number} | `{rule.id}` | {rule.engine} | {rule.gpus} | "
+            f"| {number} | `{rule.id}` | {'beside' if rule.beside else 'first match'} | "
+            f"{rule.engine} | {rule.gpus} | "
             f"{_either(rule.model_parallel, 'yes', 'no')} | "
-            f"{_either(rule.megatron_fsdp, 'yes', 'no')} | {_either(rule.torch_fsdp2, 'yes', 'no')} | "
-            f"{_either(rule.moe_overlap, 'yes', 'no')} | {rule.requirement.label} | "
+            f"{_either(rule.megatron_fsdp, 'yes', 'no')} | "
+            f"{_either(rule.torch_fsdp2, 'yes', 'no')} | "
+            f"{_either(rule.moe_overlap, 'yes', 'no')} | {_either(rule.dispatcher, 'yes', 'no')} | "
+            f"{_either(rule.ucc_pipeline, 'yes', 'no')} | {rule.requirement.label} | "
             f"{_strength_words(rule)} | {rule.why} | {rule.source} |")
     lines += ["", "| strategy / engine name | kind |", "|---|---|"]
     lines += [f"| `{name}` | {kind} |" for name, kind in sorted(KNOWN_STRATEGIES.items())]
     lines += ["", "| check (`checks` in the compact form) | what it is |", "|---|---|"]
     lines += [f"| `{name}` | {words} |" for name, words in CHECKS.items()]
+    lines += [f"| `{name}` (never listed: always runs) | {words} |"
+              for name, words in ALWAYS_RUN.items()]
     return "\n".join(lines)

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
-from .rules import CHECKS, ENGINE_KINDS, KNOWN_STRATEGIES, MEGATRON
-from .values import FIELD, fail_type, show
+from .rules import (
+    CHECKS, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON, PIPELINE_BACKENDS,
+)
+from .values import FIELD, fail_type, read_flag, read_name, show
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without the optional keys
@@ -43,6 +45,45 @@ def read_checks(value: Any, key: str) -> Tuple[str, ...]:
         raise FieldValueError(f"{FIELD}: {key} names unknown check(s) {show(unknown)}; "
                               f"known: {', '.join(CHECKS)}")
     return tuple(value)
+
+
+def read_dispatcher(dispatcher_type: Any, backend: Any, enable_deepep: Any,
+                    keys: Tuple[str, str, str]) -> Optional[str]:
+    """The ``Engine.dispatcher`` of Megatron-Core settings as a framework
+    passes them (``None`` where a setting is absent), read as Megatron-Core
+    reads them (transformer_config.py): the flex dispatcher runs only when
+    ``moe_token_dispatcher_type`` is "flex"; its backend defaults to deepep,
+    and the deprecated ``moe_enable_deepep`` means deepep. ``keys`` name the
+    three settings for errors."""
+    type_key, backend_key, deepep_key = keys
+    kind = None if dispatcher_type is None else _one_of(dispatcher_type, type_key,
+                                                        DISPATCHER_TYPES)
+    backend = None if backend is None else _one_of(backend, backend_key, MEGATRON_FLEX_BACKENDS)
+    deepep = enable_deepep is not None and read_flag(enable_deepep, deepep_key)
+    if kind != "flex":
+        return None
+    if deepep or backend is None:
+        return "deepep"
+    return backend if backend in FLEX_BACKENDS else None  # ncclep asks nothing
+
+
+# Megatron-Core's choices (transformer_config.py), so that a typo is an error
+# rather than a dispatcher silently read as "not flex".
+DISPATCHER_TYPES = ("allgather", "alltoall", "flex")
+MEGATRON_FLEX_BACKENDS = (*FLEX_BACKENDS, "ncclep")
+
+
+def _one_of(value: Any, key: str, allowed: Tuple[str, ...]) -> str:
+    name = read_name(value, key)
+    if name not in allowed:
+        raise FieldValueError(f"{FIELD}: {key} is {name!r}; Megatron-Core accepts "
+                              f"{', '.join(allowed)}")
+    return name
+
+
+def read_pipeline_backend(value: Any, key: str) -> Optional[str]:
+    """Megatron-Core's ``pipeline_model_parallel_comm_backend`` (None: NCCL)."""
+    return None if value is None else _one_of(value, key, PIPELINE_BACKENDS)
 
 
 def resolve_kind(strategy: str, declared: Optional[str], key: str,
@@ -78,7 +119,10 @@ class Engine:
 
     ``checks`` names the checks (``rules.CHECKS``) that the framework driving
     a Megatron engine runs on it, whose asserts turn some rows from a matter
-    of speed into a matter of the job starting.
+    of speed into a matter of the job starting. ``dispatcher`` is the flex
+    token dispatcher's backend when it is DeepEP or HybridEP (``None``: the
+    all-to-all or all-gather dispatcher); ``pipeline_backend`` is ``"ucc"``
+    when pipeline communication runs on UCC (``None``: NCCL, the default).
     """
 
     strategy: str
@@ -90,9 +134,24 @@ class Engine:
     torch_fsdp2: bool = False
     moe_overlap: bool = False
     checks: Tuple[str, ...] = ()
+    dispatcher: Optional[str] = None
+    pipeline_backend: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checks", tuple(sorted(set(self.checks))))
+        if self.dispatcher is not None and self.dispatcher not in FLEX_BACKENDS:
+            raise FieldValueError(
+                f"{FIELD}: dispatcher {show(self.dispatcher)} is not one of "
+                f"{', '.join(FLEX_BACKENDS)}; leave it out for the all-to-all or all-gather "
+                "dispatcher")
+        if self.pipeline_backend not in (None, *PIPELINE_BACKENDS):
+            raise FieldValueError(
+                f"{FIELD}: pipeline_backend {show(self.pipeline_backend)} is not one of "
+                f"{', '.join(PIPELINE_BACKENDS)}")
+        if self.pipeline_backend == "nccl":
+            # NCCL is Megatron-Core's default: stored as the default, so one
+            # layout has one compact form.
+            object.__setattr__(self, "pipeline_backend", None)
         # Only Megatron's stream use depends on these; dropping them for other
         # kinds keeps the compact form minimal and round trips exact.
         if self.kind != MEGATRON:
@@ -106,6 +165,14 @@ class Engine:
     @property
     def fsdp(self) -> bool:
         return self.megatron_fsdp or self.torch_fsdp2
+
+    @property
+    def flex_dispatcher(self) -> bool:
+        return self.dispatcher is not None
+
+    @property
+    def ucc_pipeline(self) -> bool:
+        return self.pipeline_backend == "ucc"
 
     @property
     def declared(self) -> bool:
@@ -123,6 +190,10 @@ class Engine:
             words.append("torch-FSDP2")
         if self.moe_overlap:
             words.append("MoE-A2A-overlap")
+        if self.dispatcher:
+            words.append(f"dispatcher={self.dispatcher}")
+        if self.pipeline_backend:
+            words.append(f"PP-backend={self.pipeline_backend}")
         if self.checks:
             words.append(f"checked by {'+'.join(self.checks)}")
         return " ".join(words)
@@ -141,6 +212,7 @@ ENGINE_DEFAULTS = {f.name: f.default for f in fields(Engine) if f.name not in ("
 MEGATRON_SETTINGS = tuple(ENGINE_DEFAULTS)
 SIZES = ("tensor_parallel", "context_parallel", "expert_parallel")
 FLAGS = ("megatron_fsdp", "torch_fsdp2", "moe_overlap")
+CHOICES = {"dispatcher": FLEX_BACKENDS, "pipeline_backend": PIPELINE_BACKENDS}
 
 
 @dataclass(frozen=True)

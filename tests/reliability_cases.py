@@ -214,11 +214,13 @@ class Fault:
 FAULTS: Tuple[Fault, ...] = (
     Fault("NVML library cannot be loaded", "nvidia-smi is asked, then the kernel driver's "
           "device listing (/proc/driver/nvidia/gpus): NVIDIA devices there make the node "
-          "'unknown' (conservative rule, reason recorded), /dev/kfd names an AMD node; only when "
+          "'unknown' (conservative rule, reason recorded), /dev/kfd names an AMD node, "
+          "/dev/davinci<N> an Ascend node, /dev/mtgpu.<N> a Moore Threads node; only when "
           "every source says none is the node 'no GPU'", "nothing",
           ("test_probe.py::test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked",
            "test_probe.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
            "test_probe.py::test_an_amd_node_is_named_as_such",
+           "test_probe.py::test_ascend_and_moore_threads_nodes_are_named_never_no_gpu",
            "test_probe.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
            "test_plugin_cluster.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe",
            "test_plugin_cluster.py::test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node",

@@ -17,8 +17,8 @@ from ray_megatron_env.field import parse_field
 from ray_megatron_env.gpus import NodeGpus
 from ray_megatron_env.policy import evaluate, gpu_class, hard_conflict_everywhere, rule_for
 from ray_megatron_env.rules import (
-    ANY, BLACKWELL_OR_NEWER, CHECKS, ENGINE_KINDS, MEGATRON, MUST_BE_1, NO_GPU, NOT_1,
-    NOTHING, PRE_BLACKWELL, RULES, Rule,
+    ANY, ASSERTS, BLACKWELL_OR_NEWER, ENGINE_KINDS, MEGATRON, MUST_BE_1, NO_GPU, NON_CUDA,
+    NOT_1, NOTHING, PRE_BLACKWELL, RULES, Rule,
 )
 from ray_megatron_env.spec import Engine, Spec
 
@@ -54,8 +54,8 @@ def test_golden_decision(case):
 def test_the_golden_table_covers_every_rule():
     seen = set()
     for case in GOLDEN:
-        seen.update(decide(parse_field({"engines": case["engines"]}), node(case["gpus"]))
-                    .rules.values())
+        rules = decide(parse_field({"engines": case["engines"]}), node(case["gpus"])).rules
+        seen.update(rule_id for ids in rules.values() for rule_id in ids.split("+"))
     assert seen == {rule.id for rule in RULES}
 
 
@@ -82,23 +82,26 @@ def test_a_hard_conflict_names_both_roles_both_rules_and_the_fix():
 
 # --- the table itself ------------------------------------------------------------
 
-_GPU_CLASSES = [node("none"), node("9.0"), node("10.0"), node("unknown"), node("amd")]
+_GPU_CLASSES = [node("none"), node("9.0"), node("10.0"), node("unknown"), node("amd"),
+                node("npu"), node("musa")]
 
 
 @pytest.mark.parametrize("kind", ENGINE_KINDS)
 def test_the_rule_table_covers_every_engine_and_node(kind):
-    for gpus, tp, cp, mf, f2, moe in itertools.product(
-            _GPU_CLASSES, (1, 2), (1, 2), (False, True), (False, True), (False, True)):
-        engine = Engine("x", kind, tp, cp, 1, mf, f2, moe)
+    for gpus, tp, cp, mf, f2, moe, dispatcher, pipeline in itertools.product(
+            _GPU_CLASSES, (1, 2), (1, 2), (False, True), (False, True), (False, True),
+            (None, "deepep", "hybridep"), (None, "ucc")):
+        engine = Engine("x", kind, tp, cp, 1, mf, f2, moe, dispatcher=dispatcher,
+                        pipeline_backend=pipeline)
         rule = rule_for(engine, gpu_class(gpus))  # raises if the table has a hole
-        assert rule.engine in (ANY, kind)
+        assert rule.engine in (ANY, kind) and not rule.beside
 
 
 def test_rule_ids_are_unique_and_every_row_cites_a_source_and_its_checks_exist():
     assert len({r.id for r in RULES}) == len(RULES)
     for rule in RULES:
         assert rule.source and rule.why
-        assert set(rule.required_by) <= set(CHECKS)
+        assert set(rule.required_by) <= set(ASSERTS)
         assert bool(rule.preferred_because) == rule.requirement.is_constraint
 
 
@@ -106,8 +109,10 @@ def test_gpu_classes():
     assert gpu_class(node("none")) == NO_GPU
     assert gpu_class(node("7.0")) == PRE_BLACKWELL
     assert gpu_class(node("10.0,10.3")) == BLACKWELL_OR_NEWER
-    assert gpu_class(node("amd")) == PRE_BLACKWELL
     assert gpu_class(node("unknown")) == PRE_BLACKWELL
+    # Named vendors whose runtimes do not read the variable (docs/rules.md).
+    for vendor in ("amd", "npu", "ascend", "musa"):
+        assert gpu_class(node(vendor)) == NON_CUDA
 
 
 def test_a_conflict_that_holds_on_every_gpu_class_is_found():
@@ -126,3 +131,41 @@ def test_a_conflict_that_holds_on_every_gpu_class_is_found():
     assert hard_conflict_everywhere(both, table) is not None
     assert hard_conflict_everywhere(both) is None  # the real table: Blackwell runs it
     assert evaluate(both, node("9.0")).hard_conflict
+
+
+# --- Megatron-Bridge's recipes as a peer table ------------------------------------
+
+BRIDGE = yaml.safe_load((Path(__file__).parent / "golden" / "bridge_recipes.yaml").read_text())
+BRIDGE_GPUS = {"h100": "9.0", "b200": "10.0", "gb200": "10.0"}
+
+
+def _bridge_spec(case):
+    return parse_field({"engines": {"trainer": {"strategy": "megatron", **case["layout"],
+                                                "checks": ["megatron-bridge"]}}})
+
+
+@pytest.mark.parametrize("case", BRIDGE, ids=[case["function"] for case in BRIDGE])
+def test_megatron_bridge_recipe(case):
+    decision = decide(_bridge_spec(case), node(BRIDGE_GPUS[case["gpu"]]))
+    assert decision.value == case["ours"], decision.reason
+    assert decision.satisfied and decision.warnings == ()
+    recipe = str(case["recipe_value"])
+    if "difference" not in case:
+        assert case["ours"] == recipe
+        return
+    assert case["ours"] != recipe
+    # Where we leave the value to CUDA, the recipe's own value still breaks
+    # none of our rules: set explicitly, it is kept without a warning.
+    kept = decide(_bridge_spec(case), node(BRIDGE_GPUS[case["gpu"]]), explicit=recipe)
+    assert kept.value == recipe and kept.warnings == () and kept.satisfied
+
+
+def test_the_bridge_table_spans_h100_b200_gb200_and_every_difference_is_explained():
+    assert len(BRIDGE) >= 20
+    assert {case["gpu"] for case in BRIDGE} == set(BRIDGE_GPUS)
+    assert len({(case["recipe"], case["function"]) for case in BRIDGE}) == len(BRIDGE)
+    rules_page = (Path(__file__).parent.parent / "docs" / "rules.md").read_text()
+    for case in BRIDGE:
+        if "difference" in case:
+            assert f'<a id="bridge-{case["difference"]}"></a>' in rules_page
+            assert f'`{case["function"]}`' in rules_page, case["function"]

@@ -303,6 +303,48 @@ def test_an_amd_node_is_named_as_such(tmp_path):
     assert "dev/kfd" in result.detail
 
 
+@pytest.mark.parametrize("nodes, vendor, words", [
+    # Ascend: one /dev/davinci<N> per NPU; the shared nodes are not devices.
+    (["davinci0", "davinci1", "davinci_manager", "devmm_svm", "hisi_hdc"], "ascend",
+     "2 device node(s)"),
+    # Moore Threads: /dev/mtgpu.<N>, also spelled /dev/mtgpu<N>.
+    (["mtgpu.0", "mtgpu.1", "dri"], "musa", "mtgpu.0, mtgpu.1"),
+    (["mtgpu0"], "musa", "mtgpu0"),
+])
+def test_ascend_and_moore_threads_nodes_are_named_never_no_gpu(tmp_path, nodes, vendor, words):
+    (tmp_path / "dev").mkdir()
+    for name in nodes:
+        (tmp_path / "dev" / name).write_text("")
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path)
+    assert result.vendor == vendor and result.capabilities == () and result.is_known
+    assert result.method == "listing" and words in result.detail
+    assert result.labels() == [vendor]
+
+
+def test_shared_ascend_nodes_alone_are_not_an_npu(tmp_path):
+    # davinci_manager without any davinci<N>: no NPU is visible here.
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "davinci_manager").write_text("")
+    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path)
+    assert result.vendor is None and result.capabilities == ()
+
+
+def test_nvidia_devices_win_over_other_vendors_device_nodes(tmp_path):
+    root = device_root(tmp_path, nvidia=["0000:18:00.0"])
+    (root / "dev").mkdir()
+    (root / "dev" / "davinci0").write_text("")
+    assert_unknown(probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=root), "listing",
+                   "1 NVIDIA device(s)")
+
+
+@pytest.mark.parametrize("value, vendor", [("npu", "ascend"), ("ascend", "ascend"),
+                                           ("NPU", "ascend"), ("musa", "musa"),
+                                           ("amd", "amd")])
+def test_fake_vendor_values(value, vendor):
+    result = probe(Untouchable(), fake=value)
+    assert result.vendor == vendor and result.capabilities == () and result.method == "fake"
+
+
 def test_a_failing_backend_with_no_listing_stays_unknown():
     # NVML loaded but failed: that is no evidence the node has no GPU.
     nvml = FakeNvml(fail={"nvmlInit": pynvml.NVMLError_DriverNotLoaded()})

@@ -10,8 +10,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
 from ..spec import (
-    FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec, read_checks,
-    read_note,
+    CHOICES, FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec,
+    read_checks, read_note,
     resolve_kind,
 )
 from ..values import (
@@ -20,7 +20,7 @@ from ..values import (
 
 MAX_ENGINES = 64
 MAX_PROCESS_RULES = 16
-ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks")
+ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks", *CHOICES)
 TOP_KEYS = ("version", "framework", "engines", "omitted", "processes", "others", "replaces")
 _RULE_KEYS = ("roles", "variable", "prefix")
 
@@ -84,7 +84,20 @@ def read_compact_engine(raw: Any, key: str) -> Engine:
     sizes = {name: read_size(raw[name], f"{key}.{name}") for name in SIZES if name in raw}
     flags = {name: read_flag(raw[name], f"{key}.{name}") for name in FLAGS if name in raw}
     checks = read_checks(raw["checks"], f"{key}.checks") if "checks" in raw else ()
-    return Engine(strategy, kind, **sizes, **flags, checks=checks)
+    choices = {name: read_choice(raw[name], f"{key}.{name}", allowed)
+               for name, allowed in CHOICES.items() if name in raw}
+    return Engine(strategy, kind, **sizes, **flags, checks=checks, **choices)
+
+
+def read_choice(value: Any, key: str, allowed: Tuple[str, ...]) -> str:
+    """One of a few names (a dispatcher backend, a pipeline backend)."""
+    name = read_name(value, key)
+    if name not in allowed:
+        hint = (" (leave it out for the all-to-all or all-gather dispatcher)"
+                if key.endswith(".dispatcher") else "")
+        raise FieldValueError(f"{FIELD}: {key} is {name!r}; it must be one of "
+                              f"{', '.join(allowed)}{hint}")
+    return name
 
 
 def _by_role(raw: Any, key: str, holds: str) -> Mapping[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
 from ..rules import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
-from ..spec import Engine, ProcessRule, Spec
+from ..spec import Engine, ProcessRule, Spec, read_dispatcher
 from ..values import FIELD, fail_type, read_flag, read_name, read_size, show
 from . import Reader
 
@@ -51,7 +51,12 @@ _SIZES = (
     ("context_parallel", "context_parallel_size"),
     ("expert_parallel", "expert_model_parallel_size"),
 )
-_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), MOE_OVERLAP)
+# The MoE dispatcher: first-class megatron_cfg keys that NeMo-RL copies onto
+# the model config (nemo_rl/models/megatron/setup.py; type defaults to
+# "allgather", moe_flex_dispatcher_backend is optional).
+_DISPATCHER_KEYS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
+                    "moe_enable_deepep")
+_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), MOE_OVERLAP, *_DISPATCHER_KEYS)
 _DTENSOR_KEYS = ("enabled", "_v2")
 
 # policy.generation.backend -> the engine name this package knows it by.
@@ -204,7 +209,20 @@ def _megatron_engine(cfg: Mapping[str, Any], path: str,
     # NeMo-RL validates Megatron-Bridge's ConfigContainer in every Megatron
     # worker (megatron_policy_worker.py), never Megatron-LM's validate_args.
     return Engine(MEGATRON, MEGATRON, moe_overlap=moe_overlap,
-                  checks=(MEGATRON_BRIDGE_CHECK,), **sizes)
+                  checks=(MEGATRON_BRIDGE_CHECK,),
+                  dispatcher=_dispatcher(cfg, over, path, over_path), **sizes)
+
+
+def _dispatcher(cfg: Mapping[str, Any], over: Mapping[str, Any], path: str,
+                over_path: str) -> Optional[str]:
+    """DeepEP or HybridEP when the engine runs the flex dispatcher; a
+    generation config's own value wins, as for the sizes."""
+    values, keys = [], []
+    for key in _DISPATCHER_KEYS:
+        source, where = (over, over_path) if key in over else (cfg, path)
+        values.append(source.get(key))
+        keys.append(f"{where}.{key}")
+    return read_dispatcher(*values, tuple(keys))
 
 
 def _read_generation(config: Mapping[str, Any], policy: Engine,

@@ -35,7 +35,7 @@ from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
 from ..rules import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
-from ..spec import Engine, ProcessRule, Spec
+from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, read_flag, read_name, read_size
 from . import Reader
 
@@ -107,8 +107,20 @@ _OPTIONS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("use_custom_fsdp", "--use-custom-fsdp", {"action": "store_true", "default": False}),
     ("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm",
      {"action": "store_true", "default": False}),
+    ("moe_token_dispatcher_type", "--moe-token-dispatcher-type", {"default": "allgather"}),
+    ("moe_flex_dispatcher_backend", "--moe-flex-dispatcher-backend", {"default": "deepep"}),
+    ("moe_enable_deepep", "--moe-enable-deepep", {"action": "store_true", "default": False}),
+    ("pipeline_model_parallel_comm_backend", "--pipeline-model-parallel-comm-backend",
+     {"default": None}),
 )
-_MEGATRON_KEYS = {key for _, key in SIZE_KEYS} | {key for _, key in FLAG_KEYS}
+# The MoE dispatcher and the pipeline backend, which slime passes straight to
+# Megatron-LM (megatron/training/arguments.py, then TransformerConfig and
+# initialize_model_parallel).
+DISPATCHER_KEYS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
+                   "moe_enable_deepep")
+PIPELINE_BACKEND_KEY = "pipeline_model_parallel_comm_backend"
+_MEGATRON_KEYS = ({key for _, key in SIZE_KEYS} | {key for _, key in FLAG_KEYS}
+                  | set(DISPATCHER_KEYS) | {PIPELINE_BACKEND_KEY})
 # Options only slime defines: one of them is what makes a list slime's.
 _SLIME_OPTIONS = {option: key for key, option, _ in _OPTIONS if key not in _MEGATRON_KEYS}
 
@@ -167,6 +179,10 @@ def _train_engine(config: Mapping[str, Any]) -> Engine:
         value = config.get(key)
         if value is not None and read_flag(value, key):
             settings[name] = True
+    settings["dispatcher"] = read_dispatcher(*(config.get(key) for key in DISPATCHER_KEYS),
+                                             DISPATCHER_KEYS)
+    settings["pipeline_backend"] = read_pipeline_backend(config.get(PIPELINE_BACKEND_KEY),
+                                                         PIPELINE_BACKEND_KEY)
     # parse_args runs Megatron-LM's validate_args for this backend (the
     # debug_rollout_only case never gets here).
     return Engine(backend, kind, checks=(MEGATRON_LM_CHECK,), **settings)

@@ -27,7 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
 from ..rules import ENGINE_KINDS, INFERENCE, MEGATRON
-from ..spec import Engine, ProcessRule, Spec, resolve_kind
+from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
 from ..values import FIELD, fail_type, read_flag, read_name, read_size
 from . import Reader
 
@@ -87,8 +87,16 @@ _WORKER_GROUPS = (
 _SERVER_VARIABLE = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
+# The MoE token dispatcher, as verl hands it to Megatron-Core: verl has no key
+# of its own, so users pass TransformerConfig fields through
+# ``override_transformer_config`` (verl merges it into the model's config).
+_DISPATCHER_KEYS = tuple(f"override_transformer_config.{key}" for key in (
+    "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_enable_deepep"))
+
+
 def _megatron_paths(section: str) -> Tuple[str, ...]:
-    return tuple(f"{section}.megatron.{key}" for _, key, _, _ in _MEGATRON_KEYS)
+    return tuple(f"{section}.megatron.{key}" for _, key, _, _ in _MEGATRON_KEYS) + tuple(
+        f"{section}.megatron.{key}" for key in _DISPATCHER_KEYS)
 
 
 def _mlite_paths(section: str) -> Tuple[str, ...]:
@@ -113,6 +121,7 @@ PATHS: Tuple[str, ...] = (
 SFT_PATHS: Tuple[str, ...] = (
     DECLARATIONS, f"{SFT_ENGINE}.strategy", f"{SFT_ENGINE}._target_",
     *(f"{SFT_ENGINE}.{key}" for _, key, _, _ in _MEGATRON_KEYS),
+    *(f"{SFT_ENGINE}.{key}" for key in _DISPATCHER_KEYS),
     *(f"{SFT_ENGINE}.{key}" for _, key, _, _ in _MLITE_KEYS),
     f"{SFT_ENGINE}.{_MLITE_OPTIMIZER}",
 )
@@ -367,7 +376,15 @@ def _engine(config: Mapping[str, Any], path: str, megatron_at: str, mlite_at: st
         found, optimizer = _lookup(config, prefix + _MLITE_OPTIMIZER)
         if found and optimizer is not None:
             settings["torch_fsdp2"] = read_name(optimizer, prefix + _MLITE_OPTIMIZER) == "fsdp2"
+    else:
+        settings["dispatcher"] = _dispatcher(config, prefix)
     return Engine(strategy, kind, **settings)
+
+
+def _dispatcher(config: Mapping[str, Any], prefix: str) -> Optional[str]:
+    """DeepEP or HybridEP, when verl's Megatron engine runs the flex dispatcher."""
+    keys = tuple(prefix + key for key in _DISPATCHER_KEYS)
+    return read_dispatcher(*(_lookup(config, key)[1] for key in keys), keys)
 
 
 READER = Reader(
