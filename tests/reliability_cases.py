@@ -248,11 +248,14 @@ FAULTS: Tuple[Fault, ...] = (
           "rule, the error names the device (no silent truncation as CUDA would do)", "nothing",
           ("test_probe.py::test_nvml_visible_devices_error_does_not_fall_back",
            "test_faults_cluster.py::test_visible_devices_naming_a_missing_gpu_on_a_real_node")),
-    Fault("plugin not registered on one node", "the field is ignored there (Ray logs one "
-          "WARNING on that node); `check --strict` names the node and exits 1", "the value on "
-          "that node until Ray is restarted there with the variable",
-          ("test_plugin_cluster.py::test_a_node_without_the_plugin_ignores_the_field",
-           "test_operator_cluster.py::test_check_strict_names_the_node_without_the_plugin")),
+    Fault("plugin not registered on one node", "Ray ignores the field there (one WARNING in "
+          "that node's log); the job env's setup hook decides in each worker instead, with the "
+          "same value and `via: setup-hook`; `check` shows PLUGIN no, VIA setup-hook",
+          "nothing, with a job env from build_runtime_env; with a task or actor env alone "
+          "(no job-level hook), the value on that node",
+          ("test_fallback_cluster.py::test_every_node_gets_its_value_registered_or_not",
+           "test_plugin_cluster.py::test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin",
+           "test_operator_cluster.py::test_check_strict_shows_which_path_decides_on_every_node")),
     Fault("plugin registered but the package not installed on a node", "Ray's agent cannot "
           "import the class, the raylet exits and the node never joins; the agent's "
           "runtime_env_agent*.err names the missing module (Ray's behaviour, not the plugin's)",
