@@ -131,3 +131,29 @@ def test_a_standalone_rollout_group_and_the_trainer_differ_under_one_job_env(as_
     finally:
         _release(trainer, trainer_pool)
         _release(rollout, rollout_pool)
+
+
+@pytest.mark.parametrize("take_over", [False, True])
+def test_the_submitted_job_env_merges_with_verls_own_ray_init_env(monkeypatch, capsys,
+                                                                  take_over):
+    # ray job submit --runtime-env (the runtime-env verb's output), then
+    # verl's main_ppo in the job: ray.init(runtime_env=get_ppo_ray_runtime_env(config))
+    # with the submitted env_vars in its environment. Ray refuses the merge
+    # when both carry a key (_merge_runtime_env returns None).
+    import json
+
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    from configs import MEGATRON_YAML
+    from ray_megatron_env.cli import main
+
+    base = {"working_dir": "./", "env_vars": {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+                                              "VERL_FULL_DETERMINISM": "0"}}
+    args = ["runtime-env", str(MEGATRON_YAML), "--json", "--base-json", json.dumps(base)]
+    assert main(args + (["--take-over"] if take_over else [])) == 0
+    submitted = json.loads(capsys.readouterr().out)
+    assert "worker_process_setup_hook" in submitted and "megatron_env" in submitted
+    for key, value in submitted.get("env_vars", {}).items():
+        monkeypatch.setenv(key, value)
+    driver = get_ppo_ray_runtime_env(verl_config())
+    assert _merge_runtime_env(submitted, driver) is not None

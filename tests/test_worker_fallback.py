@@ -1,0 +1,260 @@
+"""The worker-side fallback without a cluster: the decision it makes from a
+worker's environment and the node's, the per-node probe file, the job env
+build_runtime_env hands Ray, and what the job-submission env leaves out.
+Expected values come from the rule table (docs/rules.md), written by hand."""
+
+import json
+import logging
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from configs import FSDP_YAML, MEGATRON_YAML, verl
+from ray_megatron_env import build_runtime_env
+from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.hook import driver_hook_skipped, HOOK_PATH
+from ray_megatron_env.job_submission import job_submission_env
+from ray_megatron_env.node_cache import NodeCache
+from ray_megatron_env.worker import (
+    FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH,
+    as_actor_env, chained, decide_in_worker, node_environment,
+)
+
+LOG = logging.getLogger("test_worker_fallback")
+MEGATRON_TP2 = {"version": 2, "engines": {"actor": {"strategy": "megatron",
+                                                    "tensor_parallel": 2}}}
+FSDP = {"version": 2, "engines": {"actor": {"strategy": "fsdp"}}}
+
+
+def node(gpus="9.0", **env):
+    return {"RAY_MEGATRON_ENV_FAKE_GPUS": gpus, "PATH": "/usr/bin", **env}
+
+
+def worker(node_env, **env_vars):
+    """A worker's process environment: the node's, with its runtime env's
+    env_vars applied on top (what Ray's setup step does)."""
+    return {**node_env, **env_vars}
+
+
+def direct(probe):
+    return probe()
+
+
+@pytest.mark.parametrize("field,gpus,value,source", [
+    (MEGATRON_TP2, "9.0", "1", "policy"),  # megatron-model-parallel
+    (MEGATRON_TP2, "10.0", None, "none"),  # megatron-blackwell
+    (MEGATRON_TP2, "none", None, "none"),  # no-gpu
+    (FSDP, "8.0", None, "none"),  # fsdp-style: not 1, left unset
+])
+def test_the_job_field_is_decided_from_the_nodes_gpus(field, gpus, value, source):
+    node_env = node(gpus)
+    environ = worker(node_env)
+    decision = decide_in_worker(environ, node_env, field, direct, LOG)
+    assert (decision.value, decision.source, decision.via) == (value, source, "setup-hook")
+    assert environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == value
+    assert json.loads(environ["RAY_MEGATRON_ENV_DECISION"])["via"] == "setup-hook"
+
+
+def test_the_nodes_own_gpus_decide_not_the_workers_visible_devices():
+    # The probe reads the node's environment (the raylet's): a worker whose
+    # CUDA_VISIBLE_DEVICES is empty still gets its node's decision.
+    node_env = node("9.0")
+    environ = worker(node_env, CUDA_VISIBLE_DEVICES="")
+    assert decide_in_worker(environ, node_env, MEGATRON_TP2, direct, LOG).gpus == ["9.0"]
+
+
+def test_an_inherited_value_that_breaks_a_rule_is_replaced():
+    node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    environ = worker(node_env)
+    decision = decide_in_worker(environ, node_env, FSDP, direct, LOG)
+    assert (decision.value, decision.source, decision.node_value) == ("8", "policy", "1")
+    assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+
+
+def test_a_value_from_env_vars_is_explicit_and_kept():
+    node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    environ = worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="4")
+    decision = decide_in_worker(environ, node_env, MEGATRON_TP2, direct, LOG)
+    assert (decision.value, decision.source) == ("4", "explicit")
+    assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "4"
+    assert "breaks a preferred rule" in decision.warnings[0]
+
+
+def test_the_workers_own_field_wins_over_the_jobs():
+    node_env = node("9.0")
+    environ = worker(node_env, **{FIELD_VARIABLE: json.dumps(FSDP)})
+    decision = decide_in_worker(environ, node_env, MEGATRON_TP2, direct, LOG)
+    assert decision.engines == {"actor": "fsdp"} and decision.value is None
+
+
+def test_where_the_plugin_decided_the_fallback_does_nothing():
+    node_env = node("9.0")
+    environ = worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="1",
+                     RAY_MEGATRON_ENV_DECISION='{"via":"plugin"}')
+    before = dict(environ)
+    assert decide_in_worker(environ, node_env, FSDP, direct, LOG) is None
+    assert environ == before
+
+
+def test_without_a_field_nothing_is_decided():
+    node_env = node("9.0")
+    environ = worker(node_env)
+    assert decide_in_worker(environ, node_env, None, direct, LOG) is None
+    assert "RAY_MEGATRON_ENV_DECISION" not in environ
+
+
+def test_a_bad_field_fails_the_worker_with_the_fields_message():
+    node_env = node("9.0")
+    with pytest.raises(ValueError, match="unknown strategy 'megatorn'"):
+        decide_in_worker(worker(node_env), node_env,
+                         {"version": 2, "engines": {"a": {"strategy": "megatorn"}}}, direct, LOG)
+
+
+def test_an_unreadable_node_environment_keeps_what_the_worker_has():
+    # No way to tell inherited from explicit: what the worker has is kept.
+    environ = worker(node("8.0"), CUDA_DEVICE_MAX_CONNECTIONS="1")
+    decision = decide_in_worker(environ, None, FSDP, direct, LOG)
+    assert (decision.value, decision.source) == ("1", "explicit")
+
+
+def test_node_environment_reads_only_a_raylet_parent():
+    # This test's parent is not a raylet.
+    assert node_environment() is None
+    assert node_environment(pid=2 ** 22 + 12345) is None  # no such process
+
+
+def _probe_in_process(folder, out):
+    cache = NodeCache(folder, "node-1")
+
+    def slow_probe():
+        time.sleep(0.3)
+        return NodeGpus.known([(9, 0)], "fake")
+
+    result = cache.get(slow_probe)
+    out.put((result.probe_pid, result.probed_at))
+
+
+def test_workers_starting_together_share_one_probe(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_probe_in_process, args=(str(tmp_path), out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = {out.get(timeout=60) for _ in procs}
+    for p in procs:
+        p.join(timeout=60)
+    assert len(results) == 1  # one prober, read by the other three
+
+
+def test_a_failed_probe_is_retried_after_a_while(tmp_path):
+    now = [1000.0]
+    cache = NodeCache(str(tmp_path), "n", retry_failed_after_s=60, clock=lambda: now[0])
+    calls = []
+
+    def failing():
+        calls.append(1)
+        return NodeGpus.unknown("nvml", "boom")
+
+    cache.get(failing)
+    cache.get(failing)
+    now[0] += 61
+    cache.get(failing)
+    assert len(calls) == 2
+
+
+def test_a_damaged_cache_file_means_a_new_probe(tmp_path):
+    cache = NodeCache(str(tmp_path), "n")
+    os.makedirs(cache.folder, exist_ok=True)
+    with open(cache.path, "w") as f:
+        f.write("{not json")
+    assert cache.get(lambda: NodeGpus.known([(8, 0)], "fake")).capabilities == ((8, 0),)
+
+
+def test_the_job_env_carries_the_setup_hook_and_the_field():
+    env = build_runtime_env(MEGATRON_TP2)
+    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
+    assert json.loads(env["env_vars"][FIELD_VARIABLE]) == env["megatron_env"]
+
+
+def test_a_role_env_carries_its_own_field_but_no_hook():
+    env = build_runtime_env(verl(), role="critic")
+    assert "worker_process_setup_hook" not in env
+    assert json.loads(env["env_vars"][FIELD_VARIABLE])["engines"] == {
+        "critic": {"strategy": "megatron"}}
+
+
+def test_a_users_string_hook_is_chained_after_ours():
+    env = build_runtime_env(MEGATRON_TP2, base={"worker_process_setup_hook": "acme.setup"})
+    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
+    assert env["env_vars"][NEXT_SETUP_HOOK_VARIABLE] == "acme.setup"
+
+
+def test_a_users_callable_hook_is_wrapped():
+    def setup():
+        pass
+
+    env = build_runtime_env(MEGATRON_TP2, base={"worker_process_setup_hook": setup})
+    assert callable(env["worker_process_setup_hook"])
+    assert env["worker_process_setup_hook"].__name__ == "megatron_env_then_setup"
+
+
+def test_chained_runs_ours_then_theirs(monkeypatch):
+    order = []
+    monkeypatch.setattr("ray_megatron_env.worker.decide_in_worker",
+                        lambda *a, **k: order.append("ours"))
+    chained(lambda: order.append("theirs"))()
+    assert order == ["ours", "theirs"]
+
+
+def test_a_hook_of_another_kind_is_refused():
+    with pytest.raises(TypeError, match="worker_process_setup_hook must be"):
+        build_runtime_env(MEGATRON_TP2, base={"worker_process_setup_hook": 3})
+
+
+@pytest.mark.parametrize("field", ["image_uri", "container"])
+def test_an_exclusive_ray_field_in_the_base_is_refused_on_the_driver(field):
+    with pytest.raises(ValueError, match=f"base has '{field}'.*cannot be used together"):
+        build_runtime_env(MEGATRON_TP2, base={field: "rayproject/ray:2.60.0"})
+
+
+def test_an_actor_env_carries_the_hook_as_ray_does():
+    env = as_actor_env(build_runtime_env(MEGATRON_TP2))
+    assert "worker_process_setup_hook" not in env
+    assert env["env_vars"][RAY_SETUP_HOOK_VARIABLE] == SETUP_HOOK_PATH
+    assert as_actor_env({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"}}
+
+
+def test_a_uv_run_driver_is_warned_that_ray_skips_the_driver_hook(monkeypatch):
+    import ray._private.runtime_env.uv_runtime_env_hook as uv
+
+    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: ["uv", "run", "train.py"])
+    assert driver_hook_skipped({}) is None  # our hook not in use: nothing to say
+    reason = driver_hook_skipped({"RAY_RUNTIME_ENV_HOOK": HOOK_PATH})
+    assert "RAY_ENABLE_UV_RUN_RUNTIME_ENV" in reason
+    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", HOOK_PATH)
+    with pytest.warns(UserWarning, match="uv run"):
+        build_runtime_env(MEGATRON_TP2)
+    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: None)
+    assert driver_hook_skipped({"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}) is None
+
+
+def test_the_job_submission_env_has_no_field_copy_in_env_vars():
+    env, notes = job_submission_env(build_runtime_env(FSDP_YAML), "verl")
+    assert "env_vars" not in env and notes == []
+    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH and "megatron_env" in env
+
+
+def test_the_job_submission_env_for_nemo_rl_lets_its_driver_win_the_merge():
+    # NeMo-RL's init_ray passes its whole environment as env_vars: every
+    # submitted env_vars key would collide.
+    env, notes = job_submission_env({"megatron_env": {}, "env_vars": {"A": "1"}}, "nemo-rl")
+    assert env["env_vars"] == {"A": "1", "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+    assert "whole environment" in notes[0]
+
+
+def test_the_job_submission_env_leaves_out_what_verls_driver_always_sets():
+    env, notes = job_submission_env({"env_vars": {"VERL_FULL_DETERMINISM": "1", "A": "b"}},
+                                    "verl")
+    assert env["env_vars"] == {"A": "b"} and "VERL_FULL_DETERMINISM" in notes[0]
