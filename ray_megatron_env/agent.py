@@ -7,14 +7,17 @@ for ``env_vars`` and a fake probe.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Mapping, MutableMapping, Optional
 
-from .decision import DECISION_VARIABLE, EXPLICIT, VIA_PLUGIN, Decision, decide_for_worker
+from .decision import VIA_PLUGIN, Decision, decide_node
+from .fabric_probe import probe_fabric
 from .field import explicit_value, parse_field
 from .gpus import NodeGpus
+from .node import NodeFacts
+from .packs import get_pack
 from .probe import ProbeCache
+from .spec import Spec
 from .rules import VARIABLE
 from .values import FIELD
 
@@ -26,38 +29,57 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
 
 
 class NodeAgent:
-    """The plugin's state on one node: its GPU probe, cached."""
+    """The plugin's state on one node: its GPU probe and, for jobs that ask
+    for a pack that reads it, its fabric probe; each cached."""
 
-    def __init__(self, cache: Optional[ProbeCache] = None) -> None:
+    def __init__(self, cache: Optional[ProbeCache] = None,
+                 fabric_cache: Optional[ProbeCache] = None) -> None:
         self.cache = cache or ProbeCache()
+        self.fabric_cache = fabric_cache or ProbeCache(probe_fabric)
 
-    async def probe_async(self) -> NodeGpus:
-        return await self.cache.get_async()
+    async def probe_async(self, runtime_env: Optional[Mapping[str, Any]] = None) -> NodeGpus:
+        """Probe off the event loop before ``apply`` needs the results: the
+        GPUs always, the fabric only when the job's packs read it."""
+        gpus = await self.cache.get_async()
+        if runtime_env is not None and _needs_fabric(runtime_env):
+            await self.fabric_cache.get_async()
+        return gpus
+
+    def facts(self, spec: Spec) -> NodeFacts:
+        needs = any(get_pack(name).needs_fabric for name in spec.packs)
+        return NodeFacts(self.cache.get(), self.fabric_cache.get() if needs else None)
 
     def apply(self, runtime_env: Mapping[str, Any], env_vars: MutableMapping[str, str],
               node_environ: Mapping[str, str], logger: logging.Logger) -> Decision:
-        """Decide for this worker on this node and write its two variables.
+        """Decide for this worker on this node and write its variables.
 
         ``env_vars`` are the worker's own (the job's merged with its actor's),
         which is where a framework marks its process kinds; the spec's
         process rules classify the worker from them.
         """
-        decision = decide_for_worker(parse_field(runtime_env.get(FIELD)), self.cache.get(),
-                                     env_vars, inherited=node_environ.get(VARIABLE))
-        decision = dataclasses.replace(decision, via=VIA_PLUGIN)
-        if decision.source != EXPLICIT:
-            if decision.value is not None:
-                env_vars[VARIABLE] = decision.value
-            else:  # a framework's blanket value, decided anew as "unset"
-                env_vars.pop(VARIABLE, None)
-        env_vars[DECISION_VARIABLE] = decision.to_json()
-        log_decision(logger, decision)
-        return decision
+        spec = parse_field(runtime_env.get(FIELD))
+        result = decide_node(spec, self.facts(spec), env_vars, node_environ, via=VIA_PLUGIN)
+        result.apply(env_vars)
+        log_decision(logger, result.decision)
+        return result.decision
+
+
+def _needs_fabric(runtime_env: Mapping[str, Any]) -> bool:
+    try:
+        spec = parse_field(runtime_env.get(FIELD))
+    except Exception:  # validate and apply report a bad field; nothing to probe for it
+        return False
+    return any(get_pack(name).needs_fabric for name in spec.packs)
 
 
 def log_decision(logger: logging.Logger, decision: Decision) -> None:
     shown = decision.value if decision.value is not None else "unset"
     logger.info("%s: %s=%s (source: %s; GPUs: %s): %s", FIELD, VARIABLE, shown,
                 decision.source, decision.gpus, decision.reason)
+    for variable, entry in decision.packs.items():
+        value = entry["value"] if entry["value"] is not None else "unset"
+        logger.info("%s: %s=%s (pack %s, %s, %s; source: %s): %s", FIELD, variable, value,
+                    entry["pack"], entry["action"], entry["strength"], entry["source"],
+                    entry["reason"])
     for warning in decision.warnings:
         logger.warning("%s: %s", FIELD, warning)

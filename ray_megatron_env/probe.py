@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from .gpus import Capability, NodeGpus, parse_capability
+from .node import FAKE_NODE_VARIABLE, FakeNodeError, parse_fake_node
 
 FAKE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_GPUS"
 METHOD_VARIABLE = "RAY_MEGATRON_ENV_PROBE"  # auto (default) | nvml | nvidia-smi
@@ -66,6 +67,12 @@ def probe_gpus(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
 
 def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeGpus:
     fake = environ.get(FAKE_VARIABLE, "").strip()
+    node = environ.get(FAKE_NODE_VARIABLE, "").strip()
+    if node:  # the whole node faked (node.py); its "gpus" stands for FAKE_VARIABLE
+        try:
+            fake = parse_fake_node(node)[0] or fake
+        except FakeNodeError as exc:
+            return NodeGpus.unknown("fake", str(exc))
     if fake:
         return _from_fake(fake)
     method = environ.get(METHOD_VARIABLE, "auto").strip() or "auto"
