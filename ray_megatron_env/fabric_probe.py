@@ -173,8 +173,9 @@ _LINE = re.compile(r"^(\s*)([^:]+?)\s*(?::\s*(.*?))?\s*$")
 
 
 def parse_smi_fabric(text: str) -> Optional[Tuple[GpuFabric, ...]]:
-    """The Fabric block of each ``GPU`` section of ``nvidia-smi -q`` output;
-    ``None`` when the output has GPU sections but no Fabric block at all."""
+    """The Fabric block of each ``GPU`` section of ``nvidia-smi -q`` output
+    (a GPU section without one reports NOT_SUPPORTED); ``None`` when the
+    output has no Fabric block at all (a driver too old to print it)."""
     sections: List[dict] = []
     block: Optional[dict] = None
     block_indent, child_indent, in_health = -1, None, False
@@ -206,8 +207,8 @@ def parse_smi_fabric(text: str) -> Optional[Tuple[GpuFabric, ...]]:
                 block[key] = (value or "").strip()
         elif in_health and key == "Bandwidth":
             block["bandwidth"] = (value or "").strip()
-    if not sections or not any(s.get("seen") for s in sections):
-        return None if sections else ()
+    if not any(s.get("seen") for s in sections):
+        return None
     return tuple(_smi_record(s) for s in sections)
 
 

@@ -132,11 +132,13 @@ _FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health")
 _TOP_KEYS = ("gpus", "fabric", "imex_channel")
 
 
-def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE) -> Tuple[Optional[str], NodeFabric]:
+def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
+                    default_gpus: Optional[str] = None) -> Tuple[Optional[str], NodeFabric]:
     """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent"}`` ->
     the GPU list text (``None`` if not given) and the node's fabric.
 
-    The one fabric record applies to every GPU in ``gpus``. Without
+    The one fabric record applies to every GPU in ``gpus`` (or in
+    ``default_gpus`` when the object has none: explain's --gpus). Without
     ``fabric`` the GPUs report NOT_SUPPORTED (a PCIe node). Raises
     ``FakeNodeError`` naming the key and what it must be.
     """
@@ -153,7 +155,7 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE) -> Tuple[Optiona
     gpus = data.get("gpus")
     if gpus is not None and not isinstance(gpus, str):
         raise FakeNodeError(f"{where}: gpus must be a string like \"10.0,10.0\" or \"none\"")
-    count = _gpu_count(gpus, where)
+    count = _gpu_count(gpus if gpus is not None else default_gpus, where)
     imex = data.get("imex_channel", ABSENT)
     if imex not in IMEX_CHANNELS:
         raise FakeNodeError(f"{where}: imex_channel must be one of {', '.join(IMEX_CHANNELS)}, "
