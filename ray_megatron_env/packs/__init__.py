@@ -142,8 +142,8 @@ def markdown_packs() -> str:
     out = []
     for name in PACK_NAMES:
         pack = get_pack(name)
-        on = "always on" if name in ALWAYS_ON else f"opt-in (`packs: [{name}]`)"
-        out += [f"### `{name}` ({on})", "", pack.summary, "",
+        on = "always on" if name in ALWAYS_ON else f"opt-in, `packs: [{name}]`"
+        out += [f"### `{name}`: {on}", "", pack.summary, "",
                 f"- variables: {', '.join(f'`{v}`' for v in pack.variables)}",
                 f"- node facts: {'; '.join(pack.node_facts)}",
                 f"- config facts: {'; '.join(pack.config_facts)}"]
