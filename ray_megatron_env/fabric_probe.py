@@ -23,7 +23,7 @@ from .node import (
     NodeFabric, parse_fake_node,
 )
 from .probe import (
-    NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S, Absent, ProbeError, _bounded, _clip,
+    FAKE_VARIABLE, NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S, Absent, ProbeError, _bounded, _clip,
     _kill_group,
 )
 
@@ -52,7 +52,8 @@ def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeFab
     fake = environ.get(FAKE_NODE_VARIABLE, "").strip()
     if fake:
         try:
-            return parse_fake_node(fake)[1]
+            # Without "gpus" of its own, the record stands for each fake GPU.
+            return parse_fake_node(fake, default_gpus=environ.get(FAKE_VARIABLE))[1]
         except FakeNodeError as exc:
             return NodeFabric(None, ABSENT, "fake", str(exc))
     channel = imex_channel(environ)
