@@ -50,10 +50,12 @@ def probe_fabric(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
 
 def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeFabric:
     fake = environ.get(FAKE_NODE_VARIABLE, "").strip()
-    if fake:
+    fake_gpus = environ.get(FAKE_VARIABLE, "").strip()
+    if fake or fake_gpus:
+        # Without "gpus" of its own, the record stands for each fake GPU; fake
+        # GPUs alone are a node without fabric (PCIe), not this machine's.
         try:
-            # Without "gpus" of its own, the record stands for each fake GPU.
-            return parse_fake_node(fake, default_gpus=environ.get(FAKE_VARIABLE))[1]
+            return parse_fake_node(fake or "{}", default_gpus=fake_gpus or None)[1]
         except FakeNodeError as exc:
             return NodeFabric(None, ABSENT, "fake", str(exc))
     channel = imex_channel(environ)

@@ -220,3 +220,10 @@ def test_a_fabric_not_started_is_switched_but_not_ready():
     fabric = parse_fake_node('{"gpus": "9.0", "fabric": {"state": "not_started"}}')[1]
     assert fabric.switched and not fabric.ready and not fabric.attached
     assert fabric.gpus[0].state == NOT_STARTED
+
+
+def test_fake_gpus_alone_are_a_node_without_fabric():
+    fabric = probe_fabric({FAKE_VARIABLE: "8.0,8.0"}, nvml=_NoNvml(), smi_command=NO_SMI)
+    assert fabric.method == "fake" and fabric.is_known
+    assert [g.state for g in fabric.gpus] == [NOT_SUPPORTED, NOT_SUPPORTED]
+    assert not probe_fabric({FAKE_VARIABLE: "9.x"}).is_known

@@ -232,3 +232,17 @@ def test_without_fabric_facts_the_pack_sets_nothing_and_says_why():
     result = explain_node(MEGATRON_TP2, "10.0", packs=["nccl-fabric"])
     assert nccl(result.env()) == {}
     assert any("could not be read" in w for w in result.decision.warnings)
+
+
+def test_check_text_shows_each_pack_variable_and_the_advice():
+    from ray_megatron_env.check import NodeReport
+    from ray_megatron_env.cli import format_check
+
+    decision = explain(MEGATRON_TP2, node=HGX_NOT_READY, packs=["nccl-fabric"])
+    report = NodeReport("ab" * 28, "10.0.0.7", True, "1", decision, label="h100",
+                        advice="nccl-fabric would set NCCL_MNNVL_ENABLE=0 on node b200: ...")
+    text = format_check([report])
+    assert f"{NVLS}=0 [nccl-fabric: set, required, source policy]" in text
+    assert f"{MNNVL}=unset [nccl-fabric: leave, none, source none]" in text
+    assert "advice: nccl-fabric would set NCCL_MNNVL_ENABLE=0 on node b200" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
