@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .node import (
@@ -23,8 +22,8 @@ from .node import (
     NodeFabric, parse_fake_node,
 )
 from .probe import (
-    FAKE_VARIABLE, NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S, Absent, ProbeError, _bounded, _clip,
-    _kill_group,
+    FAKE_VARIABLE, NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S, Absent, ProbeError, _bounded,
+    run_smi,
 )
 
 IMEX_FOLDER = "dev/nvidia-caps-imex-channels"  # channel<N> device files, one per channel
@@ -146,26 +145,9 @@ def _record(nvml: Any, info: Any) -> GpuFabric:
 
 
 def _from_smi(command: Sequence[str], timeout_s: float) -> Tuple[Tuple[GpuFabric, ...], str]:
-    args = [*command, "-q"]
-    try:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except FileNotFoundError:
-        raise Absent(f"{command[0]} is not installed") from None
-    except OSError as exc:
-        raise ProbeError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise ProbeError(f"{command[0]} -q did not answer within {timeout_s:g} s") from None
-    text = out.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        if "No devices were found" in text + err.decode("utf-8", "replace"):
-            return (), "nvidia-smi: no devices"
-        first = (err or out).decode("utf-8", "replace").strip().splitlines()[:1]
-        raise ProbeError(f"{command[0]} -q exited with {proc.returncode}: "
-                         f"{_clip(first[0]) if first else 'no output'}")
+    text = run_smi(command, ("-q",), timeout_s)
+    if text is None:
+        return (), "nvidia-smi: no devices"
     gpus = parse_smi_fabric(text)
     if gpus is None:
         raise ProbeError(f"{command[0]} -q printed no Fabric section (a driver before R550?)")

@@ -148,10 +148,7 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
         raise FakeNodeError(f"{where} is not JSON: {exc}") from None
     if not isinstance(data, Mapping):
         raise FakeNodeError(f"{where} must be a JSON object with {', '.join(_TOP_KEYS)}")
-    unknown = sorted(str(k) for k in data if k not in _TOP_KEYS)
-    if unknown:
-        raise FakeNodeError(f"{where}: unknown key(s) {', '.join(unknown)}; "
-                            f"allowed: {', '.join(_TOP_KEYS)}")
+    _only(data, _TOP_KEYS, f"{where}: unknown key(s)")
     gpus = data.get("gpus")
     if gpus is not None and not isinstance(gpus, str):
         raise FakeNodeError(f"{where}: gpus must be a string like \"10.0,10.0\" or \"none\"")
@@ -163,6 +160,12 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
     fabric = _fake_fabric(data.get("fabric"), where)
     return gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, "fake",
                             detail=f"{where}={text}")
+
+
+def _only(data: Mapping[str, Any], allowed: Tuple[str, ...], words: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise FakeNodeError(f"{words} {', '.join(unknown)}; allowed: {', '.join(allowed)}")
 
 
 def _gpu_count(gpus: Optional[str], where: str) -> int:
@@ -179,10 +182,7 @@ def _fake_fabric(raw: Any, where: str) -> GpuFabric:
         return GpuFabric(NOT_SUPPORTED)
     if not isinstance(raw, Mapping):
         raise FakeNodeError(f"{where}: fabric must be an object with {', '.join(_FABRIC_KEYS)}")
-    unknown = sorted(str(k) for k in raw if k not in _FABRIC_KEYS)
-    if unknown:
-        raise FakeNodeError(f"{where}: unknown fabric key(s) {', '.join(unknown)}; "
-                            f"allowed: {', '.join(_FABRIC_KEYS)}")
+    _only(raw, _FABRIC_KEYS, f"{where}: unknown fabric key(s)")
     state = raw.get("state")
     if state not in FABRIC_STATES:
         raise FakeNodeError(f"{where}: fabric.state must be one of {', '.join(FABRIC_STATES)}, "

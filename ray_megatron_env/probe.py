@@ -264,8 +264,10 @@ def _mig_devices(nvml: Any, handle: Any, capability: Capability) -> List[tuple]:
     return [(uuid, cap) for uuid, cap in found if uuid.startswith("MIG-")]
 
 
-def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) -> NodeGpus:
-    args = [*command, "--query-gpu=index,uuid,compute_cap", "--format=csv,noheader"]
+def run_smi(command: Sequence[str], options: Sequence[str], timeout_s: float) -> Optional[str]:
+    """nvidia-smi's output with ``options``, bounded; ``None`` when it says
+    the node has no devices. Raises ``Absent`` or ``ProbeError``."""
+    args = [*command, *options]
     try:
         # Its own session, so a hung nvidia-smi and anything it spawned can
         # be killed together and the pipes close.
@@ -283,10 +285,18 @@ def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) 
     text = out.decode("utf-8", "replace")
     if proc.returncode != 0:
         if "No devices were found" in text + err.decode("utf-8", "replace"):
-            return NodeGpus.known((), "nvidia-smi", detail="nvidia-smi: no devices")
+            return None
         first = (err or out).decode("utf-8", "replace").strip().splitlines()[:1]
         raise ProbeError(f"{command[0]} exited with {proc.returncode}: "
                          f"{_clip(first[0]) if first else 'no output'}")
+    return text
+
+
+def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) -> NodeGpus:
+    text = run_smi(command, ("--query-gpu=index,uuid,compute_cap", "--format=csv,noheader"),
+                   timeout_s)
+    if text is None:
+        return NodeGpus.known((), "nvidia-smi", detail="nvidia-smi: no devices")
     devices = []
     for line in filter(None, (raw.strip() for raw in text.splitlines())):
         fields = [f.strip() for f in line.split(",")]
