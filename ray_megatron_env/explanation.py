@@ -7,7 +7,7 @@ instead of probed, so ``explain`` and a node with those GPUs agree.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 from .decision import Decision, NodeDecision, decide_node
 from .errors import FieldValueError
@@ -103,7 +103,10 @@ def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = Non
 def explain(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,
             role: Roles = None, explicit: Optional[str] = None,
             node_value: Optional[str] = None,
-            worker_env: Optional[Mapping[str, str]] = None, **packs_and_node: Any) -> Decision:
+            worker_env: Optional[Mapping[str, str]] = None, node: Optional[str] = None,
+            packs: Optional[Sequence[str]] = None,
+            job_env: Optional[Mapping[str, str]] = None,
+            tp_spans_nodes: Optional[Sequence[str]] = None) -> Decision:
     """The decision a node with ``gpus`` would make for a worker of ``config``.
 
     ``explicit`` is an ``env_vars`` value in the runtime env; ``node_value``
@@ -113,5 +116,6 @@ def explain(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,
     no process rule matches, as a trainer's own workers are. ``node``,
     ``packs``, ``job_env`` and ``tp_spans_nodes`` as in ``explain_node``.
     """
-    return explain_node(config, gpus, role=role, explicit=explicit, node_value=node_value,
-                        worker_env=worker_env, **packs_and_node).decision
+    return explain_node(config, gpus, node=node, role=role, explicit=explicit,
+                        node_value=node_value, worker_env=worker_env, packs=packs,
+                        job_env=job_env, tp_spans_nodes=tp_spans_nodes).decision
