@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple
 
 from .node import (
     ABSENT, COMPLETED, FAKE_NODE_VARIABLE, HEALTH_DEGRADED, HEALTH_OK, IN_PROGRESS,
     NOT_STARTED, NOT_SUPPORTED, SUCCESS, UNWRITABLE, WRITABLE, FakeNodeError, GpuFabric,
-    NodeFabric, parse_fake_node,
+    NodeFabric, NodeFacts, parse_fake_node,
 )
 from .probe import (
     FAKE_VARIABLE, NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S, Absent, ProbeError, _bounded,
-    run_smi,
+    probe_gpus, run_smi,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .spec import Spec
 
 IMEX_FOLDER = "dev/nvidia-caps-imex-channels"  # channel<N> device files, one per channel
 _CHANNEL = re.compile(r"^channel\d+$")
@@ -70,6 +73,16 @@ def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeFab
             detail = f"{detail}; after {'; '.join(failures)}"
         return NodeFabric(gpus, channel, name, detail=detail)
     return NodeFabric(None, channel, "probe", "; ".join(failures))
+
+
+def probe_node(spec: "Spec", environ: Mapping[str, str] = os.environ) -> NodeFacts:
+    """Every fact the packs ``spec`` asks for read about this node, uncached:
+    the GPUs always, the fabric only when one of its packs reads it. For a
+    caller without the agent's caches (a worker deciding for itself)."""
+    from .packs import get_pack
+
+    needs = any(get_pack(name).needs_fabric for name in spec.packs)
+    return NodeFacts(probe_gpus(environ), probe_fabric(environ) if needs else None)
 
 
 def imex_channel(environ: Mapping[str, str] = os.environ) -> str:

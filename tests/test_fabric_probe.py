@@ -227,3 +227,15 @@ def test_fake_gpus_alone_are_a_node_without_fabric():
     assert fabric.method == "fake" and fabric.is_known
     assert [g.state for g in fabric.gpus] == [NOT_SUPPORTED, NOT_SUPPORTED]
     assert not probe_fabric({FAKE_VARIABLE: "9.x"}).is_known
+
+
+def test_probe_node_reads_the_fabric_only_for_packs_that_need_it():
+    from ray_megatron_env.fabric_probe import probe_node
+    from ray_megatron_env.field import parse_field
+
+    environ = {FAKE_NODE_VARIABLE: '{"gpus": "9.0", "fabric": {"state": "not_started"}}'}
+    plain = parse_field({"engines": {}})
+    asked = parse_field({"engines": {}, "packs": ["nccl-fabric"]})
+    assert probe_node(plain, environ).fabric is None
+    facts = probe_node(asked, environ)
+    assert facts.gpus.capabilities == ((9, 0),) and facts.fabric.switched

@@ -246,3 +246,10 @@ def test_check_text_shows_each_pack_variable_and_the_advice():
     assert f"{MNNVL}=unset [nccl-fabric: leave, none, source none]" in text
     assert "advice: nccl-fabric would set NCCL_MNNVL_ENABLE=0 on node b200" in text
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_runtime_env_verb_ships_the_packs_and_refuses_an_unknown_one(capsys):
+    assert main(["runtime-env", str(MEGATRON_YAML), "--packs", "nccl-fabric", "--json"]) == OK
+    assert json.loads(capsys.readouterr().out)["megatron_env"]["packs"] == ["nccl-fabric"]
+    assert main(["runtime-env", str(MEGATRON_YAML), "--packs", "fabric", "--json"]) == 2
+    assert "known packs: cuda-connections, nccl-fabric" in capsys.readouterr().err
