@@ -19,6 +19,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import pytest
 
 import ray_megatron_env
+from ray_megatron_env.node import FAKE_NODE_VARIABLE
 from ray_megatron_env.simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
@@ -82,6 +83,11 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
     )
 
 
+HGX_FABRIC_NOT_READY = '{"fabric": {"state": "not_started"}}'
+TRAY_WITHOUT_IMEX = ('{"fabric": {"state": "completed", "status": "success", "cluster_uuid": '
+                     '"3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01", "clique_id": 32766, '
+                     '"health": "ok"}, "imex_channel": "absent"}')
+
 NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
 
 NODE_SETS: Dict[str, NodeSet] = {
@@ -111,11 +117,16 @@ NODE_SETS: Dict[str, NodeSet] = {
     "registered": (
         SimulatedNode("cpu_head", "none", cpus=2),
         # Two trainer ranks on each; a one-rank rollout group beside them on H100.
-        *(SimulatedNode(name, gpus_seen, cpus=gpus, gpus=gpus,
-                        resources={f"accelerator_type:{accelerator}": 1})
-          for name, gpus_seen, gpus, accelerator in (("a100", "8.0", 2, "A100"),
-                                                     ("h100", "9.0,9.0", 3, "H100"),
-                                                     ("b200", "10.0", 2, "B200"))),
+        # Fabric facts (read only by jobs with the nccl-fabric pack): the H100
+        # node is an HGX whose NVSwitch fabric is not registered yet, the B200
+        # node a GB200-like tray in a multi-node NVLink domain without an IMEX
+        # channel in its container.
+        *(SimulatedNode(name, gpus_seen, {FAKE_NODE_VARIABLE: fabric} if fabric else {},
+                        cpus=gpus, gpus=gpus, resources={f"accelerator_type:{accelerator}": 1})
+          for name, gpus_seen, gpus, accelerator, fabric in (
+              ("a100", "8.0", 2, "A100", None),
+              ("h100", "9.0,9.0", 3, "H100", HGX_FABRIC_NOT_READY),
+              ("b200", "10.0", 2, "B200", TRAY_WITHOUT_IMEX))),
     ),
 }
 

@@ -9,13 +9,15 @@ apply one precedence and leave one record.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Mapping, MutableMapping, Optional
 
-from .decision import DECISION_VARIABLE, EXPLICIT, VIA_PLUGIN, Decision, decide_for_worker
+from .decision import VIA_PLUGIN, Decision, decide_node
+from .fabric_probe import probe_fabric
 from .field import explicit_value, parse_field
 from .gpus import NodeGpus
+from .node import NodeFacts
+from .packs import get_pack
 from .probe import ProbeCache
 from .rules import VARIABLE
 from .spec import Spec
@@ -28,46 +30,71 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
     explicit_value(runtime_env.get("env_vars"))
 
 
-def write_decision(spec: Spec, gpus: NodeGpus, env_vars: MutableMapping[str, str], *,
-                   inherited: Optional[str], via: str, logger: logging.Logger) -> Decision:
-    """Decide for one worker and write its two variables into ``env_vars``.
+def needs_fabric(spec: Spec) -> bool:
+    """Whether one of the job's packs reads the node's fabric facts."""
+    return any(get_pack(name).needs_fabric for name in spec.packs)
+
+
+def write_decision(spec: Spec, facts: NodeFacts, env_vars: MutableMapping[str, str],
+                   node_environ: Mapping[str, str], *, via: str,
+                   logger: logging.Logger) -> Decision:
+    """Decide for one worker and write its variables into ``env_vars``.
 
     ``env_vars`` are the worker's own (the job's merged with its actor's),
     which is where a framework marks its process kinds and where an explicit
-    value lives; ``inherited`` is the node's own value, if any.
+    value lives; ``node_environ`` is what the worker would inherit from the
+    node.
     """
-    decision = decide_for_worker(spec, gpus, env_vars, inherited=inherited)
-    decision = dataclasses.replace(decision, via=via)
-    if decision.source != EXPLICIT:
-        if decision.value is not None:
-            env_vars[VARIABLE] = decision.value
-        else:  # a framework's blanket value, decided anew as "unset"
-            env_vars.pop(VARIABLE, None)
-    env_vars[DECISION_VARIABLE] = decision.to_json()
-    log_decision(logger, decision)
-    return decision
+    result = decide_node(spec, facts, env_vars, node_environ, via=via)
+    result.apply(env_vars)
+    log_decision(logger, result.decision)
+    return result.decision
 
 
 class NodeAgent:
-    """The plugin's state on one node: its GPU probe, cached."""
+    """The plugin's state on one node: its GPU probe and, for jobs that ask
+    for a pack that reads it, its fabric probe; each cached."""
 
-    def __init__(self, cache: Optional[ProbeCache] = None) -> None:
+    def __init__(self, cache: Optional[ProbeCache] = None,
+                 fabric_cache: Optional[ProbeCache] = None) -> None:
         self.cache = cache or ProbeCache()
+        self.fabric_cache = fabric_cache or ProbeCache(probe_fabric)
 
-    async def probe_async(self) -> NodeGpus:
-        return await self.cache.get_async()
+    async def probe_async(self, runtime_env: Optional[Mapping[str, Any]] = None) -> NodeGpus:
+        """Probe off the event loop before ``apply`` needs the results: the
+        GPUs always, the fabric only when the job's packs read it."""
+        gpus = await self.cache.get_async()
+        if runtime_env is not None and _needs_fabric(runtime_env):
+            await self.fabric_cache.get_async()
+        return gpus
+
+    def facts(self, spec: Spec) -> NodeFacts:
+        return NodeFacts(self.cache.get(), self.fabric_cache.get() if needs_fabric(spec) else None)
 
     def apply(self, runtime_env: Mapping[str, Any], env_vars: MutableMapping[str, str],
               node_environ: Mapping[str, str], logger: logging.Logger) -> Decision:
-        """Decide for this worker on this node and write its two variables."""
-        return write_decision(parse_field(runtime_env.get(FIELD)), self.cache.get(), env_vars,
-                              inherited=node_environ.get(VARIABLE), via=VIA_PLUGIN,
+        """Decide for this worker on this node and write its variables."""
+        spec = parse_field(runtime_env.get(FIELD))
+        return write_decision(spec, self.facts(spec), env_vars, node_environ, via=VIA_PLUGIN,
                               logger=logger)
+
+
+def _needs_fabric(runtime_env: Mapping[str, Any]) -> bool:
+    try:
+        spec = parse_field(runtime_env.get(FIELD))
+    except Exception:  # validate and apply report a bad field; nothing to probe for it
+        return False
+    return needs_fabric(spec)
 
 
 def log_decision(logger: logging.Logger, decision: Decision) -> None:
     shown = decision.value if decision.value is not None else "unset"
     logger.info("%s: %s=%s (source: %s; via: %s; GPUs: %s): %s", FIELD, VARIABLE, shown,
                 decision.source, decision.via, decision.gpus, decision.reason)
+    for variable, entry in decision.packs.items():
+        value = entry["value"] if entry["value"] is not None else "unset"
+        logger.info("%s: %s=%s (pack %s, %s, %s; source: %s; via: %s): %s", FIELD, variable,
+                    value, entry["pack"], entry["action"], entry["strength"], entry["source"],
+                    decision.via, entry["reason"])
     for warning in decision.warnings:
         logger.warning("%s: %s", FIELD, warning)

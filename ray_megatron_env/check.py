@@ -10,12 +10,14 @@ actually got and which path decided, so both are observed, not assumed.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .decision import DECISION_VARIABLE, VIA_PLUGIN, Decision
+from .packs import OPTIONAL_PACKS, read_packs
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, build_runtime_env
 from .spec import Roles, Spec
@@ -39,6 +41,8 @@ class NodeReport:
     decision: Optional[Decision] = None
     error: Optional[str] = None  # the probe actor could not start or answer
     label: Optional[str] = None  # a human name, where the caller has one
+    # A pack the job did not ask for that would prevent a failure here.
+    advice: Optional[str] = None
 
     @property
     def via(self) -> Optional[str]:
@@ -78,10 +82,16 @@ class NodeReport:
 
 
 class _WorkerView:
-    """The probe: reports the environment its worker was started with."""
+    """The probe: reports the environment its worker was started with and,
+    when asked, the node's fabric facts (for packs the job did not ask for)."""
 
-    def view(self) -> Tuple[Optional[str], Optional[str]]:
-        return os.environ.get(VARIABLE), os.environ.get(DECISION_VARIABLE)
+    def view(self, fabric: bool = False) -> Tuple[Optional[str], ...]:
+        seen = (os.environ.get(VARIABLE), os.environ.get(DECISION_VARIABLE))
+        if not fabric:
+            return seen
+        from .fabric_probe import probe_fabric
+
+        return seen + (json.dumps(probe_fabric().to_dict()),)
 
 
 def alive_nodes() -> List[Tuple[str, str]]:
@@ -104,7 +114,8 @@ def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
 
 def observe_many(plans: Sequence[Tuple[Iterable[Tuple[str, str]], Dict[str, Any]]],
                  timeout_s: float = DEFAULT_TIMEOUT_S,
-                 labels: Optional[Dict[str, str]] = None) -> List[List[NodeReport]]:
+                 labels: Optional[Dict[str, str]] = None,
+                 fabric: bool = False) -> List[List[NodeReport]]:
     """``observe`` for several runtime envs at once (one wait for all): a
     list of reports per ``(nodes, runtime_env)`` plan."""
     import ray
@@ -118,7 +129,7 @@ def observe_many(plans: Sequence[Tuple[Iterable[Tuple[str, str]], Dict[str, Any]
         runtime_env=envs[plan],
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote() for plan, (node_id, _) in starts]
-    answers = _collect(actors, timeout_s)
+    answers = _collect(actors, timeout_s, fabric)
     labels = labels or {}
     reports: List[List[NodeReport]] = [[] for _ in plans]
     for i, (plan, (node_id, ip)) in enumerate(starts):
@@ -126,7 +137,7 @@ def observe_many(plans: Sequence[Tuple[Iterable[Tuple[str, str]], Dict[str, Any]
     return reports
 
 
-def _collect(actors: List[Any], timeout_s: float) -> Dict[int, Any]:
+def _collect(actors: List[Any], timeout_s: float, fabric: bool = False) -> Dict[int, Any]:
     """Each actor's answer (or the exception it raised), by index. An actor
     is killed as soon as it has answered, so the ones still starting on a busy
     node do not share its CPU with idle workers; ``ray.kill`` ends the
@@ -135,7 +146,7 @@ def _collect(actors: List[Any], timeout_s: float) -> Dict[int, Any]:
     One that did not answer in time is killed too."""
     import ray
 
-    pending = {actor.view.remote(): i for i, actor in enumerate(actors)}
+    pending = {actor.view.remote(fabric): i for i, actor in enumerate(actors)}
     answers: Dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     while pending:
@@ -164,33 +175,64 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
         lines = [line for line in str(answer).strip().splitlines() if line.strip()]
         return NodeReport(node_id, ip, None, None, label=label,
                           error=f"{type(answer).__name__}: {lines[-1] if lines else ''}")
-    value, text = answer
+    value, text = answer[:2]
     decision = Decision.from_json(text) if text else None
     registered = decision is not None and (decision.via or VIA_PLUGIN) == VIA_PLUGIN
-    return NodeReport(node_id, ip, registered, value, decision, label=label)
+    return NodeReport(node_id, ip, registered, value, decision, label=label,
+                      advice=_advice(answer[2], text, label or node_id[:8])
+                      if len(answer) > 2 and text else None)
+
+
+def _advice(fabric_json: str, decision_json: str, where: str) -> Optional[str]:
+    """Each optional pack the job did not ask for, evaluated on this node's
+    facts: every required change it would make, in words."""
+    from .explanation import parse_gpu_list
+    from .node import GpuFabric, NodeFabric, NodeFacts
+    from .packs import REQUIRED, SET, get_pack
+
+    decision = Decision.from_json(decision_json)
+    raw = json.loads(fabric_json)
+    fabric = NodeFabric(None if raw["gpus"] is None else tuple(GpuFabric(**g) for g in raw["gpus"]),
+                        raw["imex_channel"], raw["method"], raw["error"])
+    gpus = parse_gpu_list(decision.gpus if decision.gpus is not None else "none")
+    asked = {entry["pack"] for entry in decision.packs.values()}
+    notes = []
+    for name in (p for p in OPTIONAL_PACKS if p not in asked):
+        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, fabric), {}, {})
+        for outcome in verdict.outcomes:
+            if outcome.strength == REQUIRED and outcome.action == SET:
+                notes.append(f"{name} would set {outcome.variable}={outcome.value} on node "
+                             f"{where}: {outcome.reason}; ask for it with "
+                             f"build_runtime_env(..., packs=[{name!r}]) or --packs {name}")
+    return "; ".join(notes) or None
 
 
 def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
                   address: Optional[str] = None,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> List[NodeReport]:
+                  timeout_s: float = DEFAULT_TIMEOUT_S,
+                  packs: Optional[Sequence[str]] = None) -> List[NodeReport]:
     """Preflight every alive node.
 
     From a connected driver it uses that connection; otherwise it connects to
     ``address`` (default: auto) and disconnects again, so a trainer can call
     it before its own ``ray.init``. Without a config, the field names no
     engine, which still shows each node's GPUs, registration and inherited
-    value.
+    value. ``packs`` as in ``build_runtime_env``; with a config, each node's
+    fabric is read too, and a pack the job did not ask for that would
+    prevent a failure there is named in the report's ``advice``.
     """
     import ray
 
-    runtime_env = (build_runtime_env(config, role=role) if config is not None
-                   else {FIELD: Spec().to_field()})
+    runtime_env = (build_runtime_env(config, role=role, packs=packs) if config is not None
+                   else {FIELD: Spec(packs=read_packs(packs or ())).to_field()})
+    asked = set(runtime_env[FIELD].get("packs", ()))
+    advise = config is not None and any(p not in asked for p in OPTIONAL_PACKS)
     connected_here = not ray.is_initialized()
     if connected_here:
         _ensure_reachable(address or "auto")
         ray.init(address=address or "auto", log_to_driver=False, logging_level="WARNING")
     try:
-        return observe(alive_nodes(), runtime_env, timeout_s)
+        return observe_many([(alive_nodes(), runtime_env)], timeout_s, fabric=advise)[0]
     finally:
         if connected_here:
             ray.shutdown()

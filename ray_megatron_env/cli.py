@@ -27,15 +27,31 @@ def _roles(values: Optional[List[str]]) -> Any:
     return roles[0] if len(roles) == 1 else roles
 
 
-def _worker_env(pairs: Optional[List[str]]) -> dict:
+def _worker_env(pairs: Optional[List[str]], option: str = "--worker-env") -> dict:
     """--worker-env WG_PREFIX=rollout_standalone_0 (repeatable) -> a dict."""
     env = {}
     for pair in pairs or ():
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise MegatronEnvError(f"--worker-env takes NAME=VALUE, got {pair!r}")
+            raise MegatronEnvError(f"{option} takes NAME=VALUE, got {pair!r}")
         env[name] = value
     return env
+
+
+def _packs(values: Optional[List[str]]) -> Optional[List[str]]:
+    """--packs nccl-fabric (repeatable or comma-separated) -> a list, or None."""
+    if not values:
+        return None
+    return [p.strip() for value in values for p in value.split(",") if p.strip()]
+
+
+def pack_lines(decision: Any) -> List[str]:
+    """One line per pack variable of a decision: value, action, strength, reason."""
+    lines = []
+    for variable, entry in decision.packs.items():
+        lines.append(f"{variable}={_shown(entry['value'])} [{entry['pack']}: {entry['action']}, "
+                     f"{entry['strength']}, source {entry['source']}]: {entry['reason']}")
+    return lines
 
 
 def _shown(value: Optional[str]) -> str:
@@ -70,7 +86,7 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
         reason = d.reason if d else None
         if reason and shared and reason.startswith(f"{shared}: "):
             reason = reason[len(shared) + 2:]
-        lines = [reason] if reason else []
+        lines = ([reason] if reason else []) + (pack_lines(d) if d else [])
         lines += [f"warning: {w}" for w in (d.warnings if d else ())]
         problem = r.problem()
         if problem:
@@ -95,7 +111,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     nodes = ", ".join(f"{n.name} ({n.fake_gpus}{'' if n.plugin else ', no plugin'})"
                       for n in DEMO_NODES)
     print(f"Starting a local simulated Ray cluster: {nodes} ...", file=sys.stderr)
-    results = run_demo(args.config, roles=[_roles(args.role)])
+    results = run_demo(args.config, roles=[_roles(args.role)], packs=_packs(args.packs))
     if args.json:
         print(json.dumps([{"scenario": r.title, "role": r.role,
                            "nodes": [n.to_dict() for n in r.reports]} for r in results], indent=2))
@@ -118,7 +134,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     try:
         reports = check_cluster(args.config, role=_roles(args.role), address=args.address,
-                                timeout_s=args.timeout)
+                                timeout_s=args.timeout, packs=_packs(args.packs))
     except ConnectionError as exc:
         print(f"ray-megatron-env check: cannot reach the cluster: {exc}", file=sys.stderr)
         return UNREACHABLE
@@ -134,6 +150,9 @@ def format_check(reports: List[Any]) -> str:
     bad = [r for r in reports if not r.ok]
     lines = [format_reports(reports), "",
              f"{len(reports)} node(s) checked, {len(bad)} with a problem."]
+    for r in reports:
+        lines += textwrap.wrap(f"advice: {r.advice}", 100, subsequent_indent="      ",
+                               break_on_hyphens=False) if r.advice else []
     for r in bad:
         lines += textwrap.wrap(f"{short_id(r.node_id)} ({r.ip}): {r.problem()}", 100,
                                initial_indent="  ", subsequent_indent="      ",
@@ -142,16 +161,20 @@ def format_check(reports: List[Any]) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explanation import explain
+    from .explanation import explain_node
     from .rules import RULES
 
-    decision = explain(args.config, args.gpus, role=_roles(args.role),
-                       explicit=args.explicit, node_value=args.node_value,
-                       worker_env=_worker_env(args.worker_env))
+    result = explain_node(args.config, args.gpus, node=args.node, role=_roles(args.role),
+                          explicit=args.explicit, node_value=args.node_value,
+                          worker_env=_worker_env(args.worker_env),
+                          packs=_packs(args.packs),
+                          job_env=_worker_env(args.job_env, "--job-env"))
+    decision = result.decision
     # A required rule that the value breaks fails here as it would on the node.
     code = OK if decision.satisfied else PROBLEM
     if args.json:
-        print(json.dumps(decision.to_dict(), indent=2))
+        print(json.dumps({**decision.to_dict(), "env": result.env(),
+                          "removed": list(result.remove)}, indent=2))
         return code
     print(f"CUDA_DEVICE_MAX_CONNECTIONS: {_shown(decision.value)}  "
           f"(source: {decision.source}; requirement: {decision.requirement})")
@@ -167,6 +190,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             print(f"  {role}: {engine} -> {rule.id} ({rule.requirement.label}): {rule.why}")
             print(f"      source: {rule.source}")
         print(f"      {decision.because[role]}")
+    for line in pack_lines(decision):
+        print(textwrap.fill(line, 100, subsequent_indent="  ", break_on_hyphens=False))
     for warning in decision.warnings:
         print(f"warning: {warning}")
     if not decision.satisfied:
@@ -195,7 +220,8 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
     base = load_yaml(args.base) if args.base else _json_object(args.base_json)
     # read once, for both uses below
     config = to_plain(args.config if args.config is not None else args.command)
-    env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over)
+    env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over,
+                            packs=_packs(args.packs))
     deliberate = configured_value(config) if args.take_over else None
     framework = env["megatron_env"].get("framework")
     if deliberate is not None:
@@ -270,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="narrow to a role's engine (the config's role names, e.g. verl's actor, "
                             "ref, critic, rollout; NeMo-RL's policy, generation); repeat or "
                             "comma-separate for several")
+        p.add_argument("--packs", action="append", metavar="PACK",
+                       help="rule packs to decide besides cuda-connections (always on), e.g. "
+                            "nccl-fabric (docs/packs.md); repeat or comma-separate")
 
     demo = verbs.add_parser("demo", help="run the decision on a local simulated mixed-GPU cluster",
                             description="Start a local simulated cluster (no GPU, V100, A100, "
@@ -301,10 +330,18 @@ def build_parser() -> argparse.ArgumentParser:
                                            "with these GPUs would.")
     explain.add_argument("config", help="training config: a verl, NeMo-RL or AReaL YAML, a file with slime's "
                               "argument list, or the compact form")
-    explain.add_argument("--gpus", required=True,
+    explain.add_argument("--gpus",
                          help="compute capabilities, e.g. 9.0 or 9.0,9.0,10.0; 'none' for no GPU; "
                               "'amd' for an AMD (ROCm) node, 'npu' for a Huawei Ascend node, "
-                              "'musa' for a Moore Threads node")
+                              "'musa' for a Moore Threads node (or give them in --node)")
+    explain.add_argument("--node", metavar="FACTS",
+                         help="the node's facts as RAY_MEGATRON_ENV_FAKE_NODE takes them, inline "
+                              "JSON or a file: {\"gpus\": \"10.0\", \"fabric\": {\"state\": "
+                              "\"completed\", \"cluster_uuid\": \"...\"}, \"imex_channel\": "
+                              "\"absent\"} (docs/packs.md)")
+    explain.add_argument("--job-env", action="append", metavar="NAME=VALUE",
+                         help="a variable the job's env_vars set (any variable, e.g. "
+                              "NCCL_CUMEM_ENABLE=0); repeatable")
     role_option(explain)
     explain.add_argument("--explicit", metavar="N", help="an env_vars value in the runtime env")
     explain.add_argument("--node-value", metavar="N",

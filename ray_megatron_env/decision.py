@@ -7,13 +7,16 @@ of the policy's verdict. A ``Decision`` travels to every worker as JSON in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from . import __version__
 from .field import explicit_value, parse_connections
 from .gpus import NodeGpus
+from .node import NodeFacts
+from .packs import REMOVE, REQUIRED, SET, Outcome, get_pack
 from .policy import ONE_ENGINE_FIX, Verdict, by_role, evaluate, within_one_engine
 from .rules import NOTHING, VARIABLE
 from .spec import Spec
@@ -44,10 +47,16 @@ class Decision:
     probe: Dict[str, Any] = field(default_factory=dict)
     via: Optional[str] = None  # which path decided: plugin (the node's agent) | setup-hook (the worker)
     version: str = __version__
+    # One entry per variable of the packs the job asked for (packs/): pack,
+    # action, value, source, strength, rule, reason. Absent from the record
+    # when the job asked for none, so such records are what they always were.
+    packs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         out = asdict(self)
         out["warnings"] = list(self.warnings)
+        if not self.packs:
+            del out["packs"]
         return out
 
     def to_json(self) -> str:
@@ -188,3 +197,103 @@ def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]
     if need == NOTHING:
         return None, NONE, "left unset", warnings
     return None, NONE, "left unset (CUDA's default, 8)", warnings
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """Everything one worker gets on one node: the decision (the record),
+    the variables to write into its ``env_vars`` (the record itself
+    included) and the variables to delete from them."""
+
+    decision: Decision
+    write: Dict[str, str]
+    remove: Tuple[str, ...]
+
+    def apply(self, env_vars: MutableMapping[str, str]) -> None:
+        for name in self.remove:
+            env_vars.pop(name, None)
+        env_vars.update(self.write)
+
+    def env(self) -> Dict[str, str]:
+        """The variables written, without the record."""
+        return {k: v for k, v in self.write.items() if k != DECISION_VARIABLE}
+
+
+def decide_node(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
+                node_environ: Mapping[str, str], *, via: Optional[str] = None) -> NodeDecision:
+    """The one entry point for a worker on a node (the agent's plugin path and
+    a worker-side fallback both call it): the packs the job asked for over
+    this node's ``facts``, with the precedence applied once per variable.
+
+    ``env_vars`` are the worker's own (the job's merged with its actor's);
+    ``node_environ`` the environment the worker would inherit. An explicit
+    ``env_vars`` value is kept (with a warning where a required row wants
+    another), except where a row removes it; an inherited value a row
+    disagrees with is replaced.
+    """
+    decision = decide_for_worker(spec, facts.gpus, env_vars,
+                                 inherited=node_environ.get(VARIABLE))
+    write: Dict[str, str] = {}
+    remove: List[str] = []
+    if decision.source != EXPLICIT:
+        if decision.value is not None:
+            write[VARIABLE] = decision.value
+        elif VARIABLE in env_vars:  # a framework's blanket value, decided anew as "unset"
+            remove.append(VARIABLE)
+    records: Dict[str, Dict[str, Any]] = {}
+    warnings = list(decision.warnings)
+    broken = False
+    worker_spec = spec.for_process(env_vars)[0]
+    for name in spec.packs:
+        pack = get_pack(name)
+        verdict = pack.evaluate(worker_spec, facts, env_vars, node_environ)
+        warnings.extend(verdict.warnings)
+        for outcome in verdict.outcomes:
+            record, warning = _precedence(outcome, env_vars.get(outcome.variable),
+                                          node_environ.get(outcome.variable), write, remove)
+            records[outcome.variable] = {"pack": name, **record}
+            if warning:
+                warnings.append(f"{name}: {warning}")
+                broken = broken or outcome.strength == REQUIRED
+    if records or via is not None:
+        decision = dataclasses.replace(
+            decision, via=via, packs=records, warnings=tuple(warnings),
+            satisfied=decision.satisfied and not broken)
+    write[DECISION_VARIABLE] = decision.to_json()
+    return NodeDecision(decision, write, tuple(remove))
+
+
+def _precedence(outcome: Outcome, explicit: Optional[Any], inherited: Optional[str],
+                write: Dict[str, str], remove: List[str]) -> Tuple[Dict[str, Any], Optional[str]]:
+    """One pack variable: the record entry, and a warning if any. Fills
+    ``write`` and ``remove``."""
+    name, want = outcome.variable, outcome.value
+    entry = {"action": outcome.action, "strength": outcome.strength, "rule": outcome.rule,
+             "reason": outcome.reason}
+    warning = None
+    if outcome.action == REMOVE:
+        if explicit is not None:
+            remove.append(name)
+            return {**entry, "value": None, "source": POLICY}, None
+        if inherited is not None:
+            warning = (f"{name}={inherited} comes from the node's environment, which a runtime "
+                       f"env cannot unset: {outcome.reason}; unset it where Ray is started")
+            return {**entry, "value": inherited, "source": NODE}, warning
+        return {**entry, "value": None, "source": NONE}, None
+    if outcome.action == SET:
+        if explicit is not None:
+            if str(explicit) != want:
+                warning = (f"explicit {name}={explicit} is kept because env_vars is the user's "
+                           f"intent, but [{outcome.rule}] ({outcome.strength}) wants {want}: "
+                           f"{outcome.reason}")
+            return {**entry, "value": str(explicit), "source": EXPLICIT}, warning
+        if inherited == want:
+            return {**entry, "value": inherited, "source": NODE}, None
+        write[name] = want
+        return {**entry, "value": want, "source": POLICY}, None
+    # keep (the job's value stays; the pack's warning says why) or leave
+    if explicit is not None:
+        return {**entry, "value": str(explicit), "source": EXPLICIT}, None
+    if inherited is not None:
+        return {**entry, "value": inherited, "source": NODE}, None
+    return {**entry, "value": None, "source": NONE}, None

@@ -66,16 +66,18 @@ class DemoResult:
 
 
 def run_demo(config: Optional[ConfigLike] = None, roles: Sequence[Optional[str]] = (None,),
-             nodes: Sequence[SimulatedNode] = DEMO_NODES) -> List[DemoResult]:
+             nodes: Sequence[SimulatedNode] = DEMO_NODES,
+             packs: Optional[Sequence[str]] = None) -> List[DemoResult]:
     """Run the example scenarios (or ``config``) on a fresh simulated cluster.
 
     Configs are checked before the cluster starts, so a bad one fails fast.
+    ``packs`` asks every scenario for those rule packs too (docs/packs.md).
     """
     if config is not None:
-        plans = [(f"your config: {config}", role, build_runtime_env(config, role=role))
+        plans = [(f"your config: {config}", role, build_runtime_env(config, role=role, packs=packs))
                  for role in roles]
     else:
-        plans = [(s.title, role, build_runtime_env(s.config(), role=role))
+        plans = [(s.title, role, build_runtime_env(s.config(), role=role, packs=packs))
                  for s in SCENARIOS for role in s.roles]
     with SimulatedCluster(nodes) as cluster:
         order = {node_id: i for i, node_id in enumerate(cluster.node_ids.values())}

@@ -1,10 +1,11 @@
-"""One GPU probe per node, shared by every worker process on it.
+"""One probe per node, shared by every worker process on it.
 
 The plugin probes once per agent process (``probe.ProbeCache``). The
 worker-side fallback runs in each worker process instead, so its probe is
 kept in a file in the node's Ray session folder, keyed by the Ray node id:
 the first worker to start on a node probes, every later one reads, for as
-long as that Ray node runs. An exclusive ``flock`` around read-probe-write
+long as that Ray node runs. The GPUs and the fabric facts (read only for
+jobs whose packs need them) have a file each. An exclusive ``flock`` around read-probe-write
 makes workers that start at the same moment wait for the one probe rather
 than each run their own; the file is replaced atomically, so a reader never
 sees half of it. Any file-system problem falls back to probing in-process:
@@ -21,21 +22,37 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from .gpus import NodeGpus
+from .node import GpuFabric, NodeFabric
 from .probe import RETRY_FAILED_AFTER_S
 
 FOLDER = "megatron_env"
 
 
-def to_record(gpus: NodeGpus) -> Dict[str, Any]:
-    return dataclasses.asdict(gpus)
+def to_record(facts: Any) -> Dict[str, Any]:
+    return dataclasses.asdict(facts)
 
 
-def from_record(data: Dict[str, Any]) -> NodeGpus:
-    known = {f.name for f in dataclasses.fields(NodeGpus)}
-    values = {k: v for k, v in data.items() if k in known}
+def gpus_from_record(data: Dict[str, Any]) -> NodeGpus:
+    values = _known_fields(NodeGpus, data)
     caps = values.get("capabilities")
     values["capabilities"] = None if caps is None else tuple(tuple(c) for c in caps)
     return NodeGpus(**values)
+
+
+def fabric_from_record(data: Dict[str, Any]) -> NodeFabric:
+    values = _known_fields(NodeFabric, data)
+    gpus = values.get("gpus")
+    values["gpus"] = None if gpus is None else tuple(GpuFabric(**g) for g in gpus)
+    return NodeFabric(**values)
+
+
+KINDS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
+    "gpus": gpus_from_record, "fabric": fabric_from_record}
+
+
+def _known_fields(cls: type, data: Dict[str, Any]) -> Dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in known}
 
 
 class NodeCache:
@@ -45,46 +62,54 @@ class NodeCache:
                  retry_failed_after_s: float = RETRY_FAILED_AFTER_S,
                  clock: Callable[[], float] = time.time) -> None:
         self.folder = os.path.join(session_folder, FOLDER)
-        self.path = os.path.join(self.folder, f"probe-{node_id}.json")
+        self.node_id = node_id
         self._retry_after = retry_failed_after_s
         self._clock = clock
 
-    def get(self, probe: Callable[[], NodeGpus]) -> NodeGpus:
+    def path(self, kind: str = "gpus") -> str:
+        return os.path.join(self.folder, f"{kind}-{self.node_id}.json")
+
+    def get(self, probe: Callable[[], Any], kind: str = "gpus") -> Any:
+        """The node's ``kind`` of facts (``gpus`` or ``fabric``), probed with
+        ``probe`` only if no worker on the node has yet."""
+        path = self.path(kind)
         try:
             os.makedirs(self.folder, exist_ok=True)
-            lock = open(self.path + ".lock", "a")
+            lock = open(path + ".lock", "a")
         except OSError:
             return self._stamp(probe())
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            cached = self._read()
+            cached = self._read(path, KINDS[kind])
             if cached is not None and self._fresh(cached):
                 return cached
             result = self._stamp(probe())
-            self._write(result)
+            self._write(path, result)
             return result
 
-    def _fresh(self, gpus: NodeGpus) -> bool:
-        # A node's GPUs do not change under a running raylet; a failed probe
-        # is retried, as the agent's cache does, so a transient error does
-        # not stick for the life of the node.
-        return gpus.is_known or self._clock() - (gpus.probed_at or 0.0) < self._retry_after
+    def _fresh(self, facts: Any) -> bool:
+        # A node's hardware does not change under a running raylet; a failed
+        # probe is retried, as the agent's cache does, so a transient error
+        # does not stick for the life of the node.
+        return facts.is_known or self._clock() - (facts.probed_at or 0.0) < self._retry_after
 
-    def _read(self) -> Optional[NodeGpus]:
+    @staticmethod
+    def _read(path: str, decode: Callable[[Dict[str, Any]], Any]) -> Optional[Any]:
         try:
-            with open(self.path) as f:
-                return from_record(json.load(f))
+            with open(path) as f:
+                return decode(json.load(f))
         except (OSError, ValueError, TypeError):
             return None  # absent, or written by another version: probe again
 
-    def _write(self, gpus: NodeGpus) -> None:
-        temporary = f"{self.path}.{os.getpid()}.tmp"
+    @staticmethod
+    def _write(path: str, facts: Any) -> None:
+        temporary = f"{path}.{os.getpid()}.tmp"
         try:
             with open(temporary, "w") as f:
-                json.dump(to_record(gpus), f)
-            os.replace(temporary, self.path)
+                json.dump(to_record(facts), f)
+            os.replace(temporary, path)
         except OSError:
             pass  # the next worker probes again
 
-    def _stamp(self, gpus: NodeGpus) -> NodeGpus:
-        return dataclasses.replace(gpus, probed_at=self._clock(), probe_pid=os.getpid())
+    def _stamp(self, facts: Any) -> Any:
+        return dataclasses.replace(facts, probed_at=self._clock(), probe_pid=os.getpid())

@@ -111,7 +111,7 @@ class MegatronEnvPlugin(_Base):  # type: ignore[misc, valid-type]
                      logger: logging.Logger) -> float:
         # The probe may run nvidia-smi: do it here, off the event loop, so
         # that modify_context (which Ray calls synchronously) finds it cached.
-        await self._node_side().probe_async()
+        await self._node_side().probe_async(runtime_env)
         return 0
 
     def modify_context(self, uris: List[str], runtime_env: Any, context: Any,

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from .gpus import AMD, ASCEND, MUSA, VENDOR_TOKENS, Capability, NodeGpus, parse_capability
+from .node import FAKE_NODE_VARIABLE, FakeNodeError, parse_fake_node
 
 FAKE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_GPUS"
 METHOD_VARIABLE = "RAY_MEGATRON_ENV_PROBE"  # auto (default) | nvml | nvidia-smi
@@ -74,6 +75,12 @@ def probe_gpus(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
 
 def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeGpus:
     fake = environ.get(FAKE_VARIABLE, "").strip()
+    node = environ.get(FAKE_NODE_VARIABLE, "").strip()
+    if node:  # the whole node faked (node.py); its "gpus" stands for FAKE_VARIABLE
+        try:
+            fake = parse_fake_node(node)[0] or fake
+        except FakeNodeError as exc:
+            return NodeGpus.unknown("fake", str(exc))
     if fake:
         return _from_fake(fake)
     method = environ.get(METHOD_VARIABLE, "auto").strip() or "auto"
@@ -301,8 +308,10 @@ def _mig_devices(nvml: Any, handle: Any, capability: Capability) -> List[tuple]:
     return [(uuid, cap) for uuid, cap in found if uuid.startswith("MIG-")]
 
 
-def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) -> NodeGpus:
-    args = [*command, "--query-gpu=index,uuid,compute_cap", "--format=csv,noheader"]
+def run_smi(command: Sequence[str], options: Sequence[str], timeout_s: float) -> Optional[str]:
+    """nvidia-smi's output with ``options``, bounded; ``None`` when it says
+    the node has no devices. Raises ``Absent`` or ``ProbeError``."""
+    args = [*command, *options]
     try:
         # Its own session, so a hung nvidia-smi and anything it spawned can
         # be killed together and the pipes close.
@@ -320,10 +329,18 @@ def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) 
     text = out.decode("utf-8", "replace")
     if proc.returncode != 0:
         if "No devices were found" in text + err.decode("utf-8", "replace"):
-            return NodeGpus.known((), "nvidia-smi", detail="nvidia-smi: no devices")
+            return None
         first = (err or out).decode("utf-8", "replace").strip().splitlines()[:1]
         raise ProbeError(f"{command[0]} exited with {proc.returncode}: "
                          f"{_clip(first[0]) if first else 'no output'}")
+    return text
+
+
+def _from_smi(visible: Optional[str], command: Sequence[str], timeout_s: float) -> NodeGpus:
+    text = run_smi(command, ("--query-gpu=index,uuid,compute_cap", "--format=csv,noheader"),
+                   timeout_s)
+    if text is None:
+        return NodeGpus.known((), "nvidia-smi", detail="nvidia-smi: no devices")
     devices = []
     for line in filter(None, (raw.strip() for raw in text.splitlines())):
         fields = [f.strip() for f in line.split(",")]

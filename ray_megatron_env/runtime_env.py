@@ -9,14 +9,16 @@ compact form (a few hundred bytes instead of ~28 KB with every task spec).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import warnings
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import FieldValueError
 from .field import explicit_value, read_field
 from .frameworks import all_paths, compose_yaml, to_mapping
+from .packs import read_packs
 from .policy import hard_conflict_everywhere
 from .rules import VARIABLE
 from .spec import Roles, Spec
@@ -35,7 +37,9 @@ _ABSENT = object()
 
 def build_runtime_env(config: ConfigLike, *, role: Roles = None,
                       base: Optional[Mapping[str, Any]] = None,
-                      take_over: bool = False) -> Dict[str, Any]:
+                      take_over: bool = False,
+                      packs: Optional[Sequence[str]] = None,
+                      tp_spans_nodes: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """A new runtime env: ``base`` (copied, never modified) plus the field.
 
     ``config`` is a verl-layout config (``DictConfig``, dict, or the path of
@@ -48,11 +52,17 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     itself (verl: ``ray_kwargs.ray_init.runtime_env.env_vars``) is their
     intent and stays, as an explicit value.
 
+    ``packs`` names the optional rule packs to decide as well (``["nccl-fabric"]``;
+    docs/packs.md); ``tp_spans_nodes`` the roles whose tensor parallel group
+    spans nodes, which the ``nccl-fabric`` pack reads. Both add to what a
+    compact-form config says itself.
+
     Raises ``TypeError``/``ValueError`` (``MegatronEnvError``) naming the bad
     key before anything is scheduled.
     """
     plain = to_plain(config)
     spec, known_roles = _spec_of(plain)
+    spec = with_packs(spec, packs, tp_spans_nodes)
     env = plain_runtime_env(base)
     _refuse_exclusive_fields(env)
     if take_over:
@@ -122,6 +132,24 @@ def _warn_if_driver_hook_skipped() -> None:
     reason = driver_hook_skipped()
     if reason:
         warnings.warn(reason, stacklevel=3)
+
+
+def with_packs(spec: Spec, packs: Optional[Sequence[str]],
+               tp_spans_nodes: Optional[Sequence[str]] = None) -> Spec:
+    """``spec`` asking also for ``packs`` (checked) and naming also the
+    roles in ``tp_spans_nodes`` (each must have an engine)."""
+    if packs is None and tp_spans_nodes is None:
+        return spec
+    asked = read_packs(packs if packs is not None else (), "packs") + spec.packs
+    spans = tuple(tp_spans_nodes or ())
+    if isinstance(tp_spans_nodes, str) or not all(isinstance(r, str) for r in spans):
+        raise fail_type("tp_spans_nodes", "a list of role names", tp_spans_nodes)
+    unknown = [r for r in spans if r not in spec.roles()]
+    if unknown:
+        raise FieldValueError(f"{FIELD}: tp_spans_nodes names role(s) without an engine: "
+                              f"{', '.join(unknown)}; roles: {', '.join(spec.roles()) or 'none'}")
+    return dataclasses.replace(spec, packs=tuple(sorted(set(asked))),
+                               tp_spans_nodes=tuple(sorted(set(spans + spec.tp_spans_nodes))))
 
 
 def _refuse_a_conflict_on_every_gpu(spec: Spec) -> None:

@@ -255,6 +255,10 @@ class Spec:
     processes: Tuple[ProcessRule, ...] = ()
     others: Optional[Tuple[str, ...]] = None
     replaces: Optional[str] = None
+    # Job-wide, for the rule packs (packs/): the optional packs the job asked
+    # for, and the roles whose tensor parallel group spans nodes.
+    packs: Tuple[str, ...] = ()
+    tp_spans_nodes: Tuple[str, ...] = ()
 
     @classmethod
     def of(cls, engines: Mapping[str, Engine], **kw: Any) -> "Spec":
@@ -280,7 +284,15 @@ class Spec:
             out["others"] = list(self.others)
         if self.replaces is not None:
             out["replaces"] = self.replaces
+        if self.packs:
+            out["packs"] = list(self.packs)
+        if self.tp_spans_nodes:
+            out["tp_spans_nodes"] = list(self.tp_spans_nodes)
         return out
+
+    def _job_wide(self) -> Dict[str, Any]:
+        """What every narrower spec of this job keeps."""
+        return {"packs": self.packs, "tp_spans_nodes": self.tp_spans_nodes}
 
     def narrow(self, roles: Roles, known_roles: Iterable[str] = ()) -> "Spec":
         """Keep only the given roles' engines (``None`` keeps all). A runtime
@@ -313,7 +325,7 @@ class Spec:
                     f"with engines: {', '.join(self.roles()) or 'none'}"
                 )
         return Spec.of({role: present[role] for role in wanted}, framework=self.framework,
-                       replaces=self.replaces)
+                       replaces=self.replaces, **self._job_wide())
 
     def for_process(self, env_vars: Mapping[str, Any]) -> Tuple["Spec", Optional[str]]:
         """The spec for one worker, classified by its own ``env_vars``, and
@@ -325,13 +337,14 @@ class Spec:
             if rule.matches(env_vars):
                 roles = [r for r in rule.roles if r in present]
                 return (Spec.of({r: present[r] for r in roles}, framework=self.framework,
-                                omitted=self.omitted, replaces=self.replaces),
+                                omitted=self.omitted, replaces=self.replaces,
+                                **self._job_wide()),
                         f"{', '.join(rule.roles)} process ({rule.describe()})")
         if self.others is None:
             return self, None
         return (Spec.of({r: present[r] for r in self.others if r in present},
                         framework=self.framework, omitted=self.omitted,
-                        replaces=self.replaces),
+                        replaces=self.replaces, **self._job_wide()),
                 f"{', '.join(self.others) or 'no engine'} worker (no process rule matched "
                 "its env_vars)")
 

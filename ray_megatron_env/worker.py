@@ -95,18 +95,20 @@ def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
-                     job_field: Any, probe_node: Callable[[Callable[[], Any]], Any],
+                     job_field: Any, cache: Callable[[Callable[[], Any], str], Any],
                      logger: logging.Logger) -> Optional[Decision]:
     """Decide for this worker process and update ``environ`` in place.
 
     ``node_environ`` is the node's own environment (the raylet's; None when
     it cannot be read): what differs from it in ``environ`` came from the
-    runtime env's ``env_vars``, so is explicit; the node's own value is the
-    inherited one. ``probe_node(probe)`` returns the node's GPUs, probing
-    with ``probe`` only when no worker on the node has yet.
+    runtime env's ``env_vars``, so is explicit; the node's own values are the
+    inherited ones. ``cache(probe, kind)`` returns the node's ``gpus`` or
+    ``fabric`` facts, running ``probe`` only when no worker on the node has.
     """
-    from .agent import write_decision
+    from .agent import needs_fabric, write_decision
+    from .fabric_probe import probe_fabric
     from .field import parse_field
+    from .node import NodeFacts
     from .probe import probe_gpus
 
     def own(key: str) -> Optional[str]:
@@ -120,16 +122,20 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     if field is None:
         return None  # a worker of this job started without the field
     spec = parse_field(field)
-    gpus = probe_node(lambda: probe_gpus(node_environ if node_environ is not None else environ))
+    # The node's environment, as the agent probes with it: never this
+    # worker's CUDA_VISIBLE_DEVICES, which Ray rewrites per task.
+    probe_env = node_environ if node_environ is not None else environ
+    facts = NodeFacts(cache(lambda: probe_gpus(probe_env), "gpus"),
+                      cache(lambda: probe_fabric(probe_env), "fabric")
+                      if needs_fabric(spec) else None)
     if node_environ is None:
-        env_vars: Dict[str, str] = dict(environ)
-        inherited = None
+        env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:
         env_vars = {k: v for k, v in environ.items() if node_environ.get(k) != v}
-        inherited = node_environ.get(VARIABLE)
-    decision = write_decision(spec, gpus, env_vars, inherited=inherited, via=VIA_SETUP_HOOK,
+    before = dict(env_vars)
+    decision = write_decision(spec, facts, env_vars, node_environ or {}, via=VIA_SETUP_HOOK,
                               logger=logger)
-    for key in (VARIABLE, DECISION_VARIABLE):
+    for key in set(before) | set(env_vars):
         if key in env_vars:
             environ[key] = env_vars[key]
         else:
@@ -165,14 +171,14 @@ def _job_field(worker: Any) -> Any:
         return None
 
 
-def _cache(worker: Any, ray: Any) -> Callable[[Callable[[], Any]], Any]:
+def _cache(worker: Any, ray: Any) -> Callable[[Callable[[], Any], str], Any]:
     from .node_cache import NodeCache
 
     try:
         cache = NodeCache(worker.node.get_session_dir_path(),
                           ray.get_runtime_context().get_node_id())
     except Exception:
-        return lambda probe: probe()
+        return lambda probe, kind: probe()
     return cache.get
 
 

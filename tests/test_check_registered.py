@@ -20,3 +20,62 @@ def test_check_strict_passes_and_reports_every_node(cluster):
     assert all(r["ok"] and r["registered"] and r["problem"] is None for r in reports)
     gpus = sorted(tuple(r["decision"]["gpus"]) for r in reports)
     assert gpus == [(), ("10.0",), ("8.0",), ("9.0", "9.0")]
+
+
+WATCHED = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE",
+           "NCCL_CUMEM_ENABLE")
+# Golden, per node of the "registered" set, for Megatron TP=2 with nccl-fabric:
+# CUDA_DEVICE_MAX_CONNECTIONS from docs/rules.md (1 below Blackwell), the
+# NCCL values from docs/packs.md: the HGX with its fabric not registered gets
+# NVLS off (nvswitch-fabric-not-ready), the tray without an IMEX channel
+# MNNVL and NVLS off (fabric-without-imex); the A100 node (fake GPUs alone:
+# no fabric, as a PCIe node) and the CPU head get no NCCL value.
+GOLDEN_WITH_FABRIC = {
+    "cpu_head": (None, None, None, None),
+    "a100": ("1", None, None, None),
+    "h100": ("1", None, "0", None),
+    "b200": (None, "0", "0", None),
+}
+
+
+def test_each_worker_gets_its_nodes_nccl_values_with_its_cuda_value(cluster):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from ray_megatron_env import build_runtime_env
+
+    env = build_runtime_env({"engines": {"actor": {"strategy": "megatron",
+                                                   "tensor_parallel": 2}}},
+                            packs=["nccl-fabric"])
+    @ray.remote(num_cpus=0)
+    class Env:  # defined here so that Ray ships it by value
+        """What a worker was started with: the variables the packs decide."""
+
+        def env(self, names):
+            import os
+
+            return {name: os.environ.get(name) for name in names}
+
+    remote = Env
+    actors = {name: remote.options(runtime_env=env, scheduling_strategy=
+                                   NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+              for name, node_id in cluster.node_ids.items()}
+    seen = dict(zip(actors, ray.get([a.env.remote(WATCHED) for a in actors.values()], timeout=300)))
+    for actor in actors.values():
+        ray.kill(actor)
+    assert {name: tuple(values[v] for v in WATCHED) for name, values in seen.items()} == \
+        GOLDEN_WITH_FABRIC
+
+
+def test_check_names_the_pack_a_job_did_not_ask_for(cluster):
+    from ray_megatron_env import check_cluster
+
+    reports = check_cluster({"engines": {"actor": {"strategy": "megatron",
+                                                   "tensor_parallel": 2}}})
+    names = {node_id: name for name, node_id in cluster.node_ids.items()}
+    advice = {names[r.node_id]: r.advice for r in reports}
+    assert advice["a100"] is None and advice["cpu_head"] is None
+    assert advice["h100"].startswith("nccl-fabric would set NCCL_NVLS_ENABLE=0 on node")
+    assert "nccl-fabric would set NCCL_MNNVL_ENABLE=0" in advice["b200"]
+    assert "IMEX channel absent" in advice["b200"]
+    assert all(not r.decision.packs for r in reports)  # the job itself is unchanged

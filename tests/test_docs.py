@@ -4,6 +4,7 @@ from pathlib import Path
 
 import importlib
 
+from ray_megatron_env.packs import markdown_packs
 from ray_megatron_env.rules import markdown_tables
 from reliability_cases import FAULTS, render
 
@@ -16,6 +17,10 @@ def between(text: str, name: str) -> str:
 
 def test_rules_page_shows_the_rule_table_in_code():
     assert between((DOCS / "rules.md").read_text(), "rules") == markdown_tables()
+
+
+def test_packs_page_shows_every_pack_table_in_code():
+    assert between((DOCS / "packs.md").read_text(), "packs") == markdown_packs()
 
 
 def test_reliability_page_shows_every_case_tried():

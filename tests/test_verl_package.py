@@ -85,7 +85,8 @@ def test_a_hard_coded_1_from_verls_runtime_env_yaml_is_taken_over():
     # verl's verl/trainer/runtime_env.yaml (ray job submit) sets 1 for everyone.
     base = {"env_vars": {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", VARIABLE: "1"}}
     env = build_runtime_env(verl_config(), base=base, take_over=True)
-    assert env["env_vars"] == {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+    assert VARIABLE not in env["env_vars"]
+    assert env["env_vars"]["TORCH_NCCL_AVOID_RECORD_STREAMS"] == "1"
 
 
 def _group(name, ranks, prefix=None):
@@ -153,7 +154,13 @@ def test_the_submitted_job_env_merges_with_verls_own_ray_init_env(monkeypatch, c
     assert main(args + (["--take-over"] if take_over else [])) == 0
     submitted = json.loads(capsys.readouterr().out)
     assert "worker_process_setup_hook" in submitted and "megatron_env" in submitted
+    # What Ray gives a submitted job's driver: the env_vars in its
+    # environment, and the submitted runtime env in the job config variable
+    # that verl reads (RAY_JOB_CONFIG_JSON_ENV_VAR).
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
     for key, value in submitted.get("env_vars", {}).items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv(RAY_JOB_CONFIG_JSON_ENV_VAR, json.dumps({"runtime_env": submitted}))
     driver = get_ppo_ray_runtime_env(verl_config())
     assert _merge_runtime_env(submitted, driver) is not None

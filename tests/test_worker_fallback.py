@@ -38,7 +38,7 @@ def worker(node_env, **env_vars):
     return {**node_env, **env_vars}
 
 
-def direct(probe):
+def direct(probe, kind):
     return probe()
 
 
@@ -164,10 +164,21 @@ def test_a_failed_probe_is_retried_after_a_while(tmp_path):
     assert len(calls) == 2
 
 
+def test_fabric_facts_have_their_own_file(tmp_path):
+    from ray_megatron_env.node import COMPLETED, GpuFabric, NodeFabric
+
+    cache = NodeCache(str(tmp_path), "n")
+    fabric = NodeFabric((GpuFabric(COMPLETED, "success", "1234-5678", 7, "ok"),), "absent", "fake")
+    cache.get(lambda: NodeGpus.known([(10, 0)], "fake"), "gpus")
+    got = cache.get(lambda: fabric, "fabric")
+    again = cache.get(lambda: None, "fabric")  # read back from the file
+    assert again.gpus == fabric.gpus and again.imex_channel == "absent" and again == got
+
+
 def test_a_damaged_cache_file_means_a_new_probe(tmp_path):
     cache = NodeCache(str(tmp_path), "n")
     os.makedirs(cache.folder, exist_ok=True)
-    with open(cache.path, "w") as f:
+    with open(cache.path(), "w") as f:
         f.write("{not json")
     assert cache.get(lambda: NodeGpus.known([(8, 0)], "fake")).capabilities == ((8, 0),)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
+from ..packs import read_packs
 from ..spec import (
     CHOICES, FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec,
     read_checks, read_note,
@@ -21,7 +22,8 @@ from ..values import (
 MAX_ENGINES = 64
 MAX_PROCESS_RULES = 16
 ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks", *CHOICES)
-TOP_KEYS = ("version", "framework", "engines", "omitted", "processes", "others", "replaces")
+TOP_KEYS = ("version", "framework", "engines", "omitted", "processes", "others", "replaces",
+            "packs", "tp_spans_nodes")
 _RULE_KEYS = ("roles", "variable", "prefix")
 
 
@@ -60,7 +62,10 @@ def read_compact(value: Mapping[str, Any]) -> Spec:
                    omitted=_read_omitted(value.get("omitted"), parsed),
                    processes=_read_processes(value.get("processes"), parsed),
                    others=_read_roles(value.get("others"), "others", parsed),
-                   replaces=_read_replaces(value.get("replaces")))
+                   replaces=_read_replaces(value.get("replaces")),
+                   packs=read_packs(value.get("packs", ())),
+                   tp_spans_nodes=_read_roles(value.get("tp_spans_nodes"), "tp_spans_nodes",
+                                              parsed) or ())
 
 
 def _read_replaces(raw: Any) -> Optional[str]:

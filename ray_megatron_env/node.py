@@ -1,0 +1,202 @@
+"""What a node is, as the packs need it: its GPUs and, for the NCCL fabric
+pack, the NVLink fabric state of each GPU and the IMEX channel.
+
+Pure data. ``probe.py`` fills in the GPUs and ``fabric_probe.py`` the fabric
+from the hardware; ``parse_fake_node`` reads both from
+``RAY_MEGATRON_ENV_FAKE_NODE`` for tests and the demo.
+
+The fabric words follow NVML's ``nvmlGpuFabricInfoV_t`` (``state``,
+``status``, ``clusterUuid``, ``cliqueId``, ``healthMask``), which is also
+what NCCL reads for every rank (NCCL ``src/init.cc``, ``fillInfo``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+from .gpus import NodeGpus, parse_capability
+
+FAKE_NODE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_NODE"
+
+# NVML's nvmlGpuFabricState_t, in its own order (0..3).
+NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED = (
+    "not_supported", "not_started", "in_progress", "completed")
+FABRIC_STATES = (NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED)
+SUCCESS = "success"
+HEALTH_OK, HEALTH_DEGRADED = "ok", "degraded"
+HEALTHS = (HEALTH_OK, HEALTH_DEGRADED)
+# /dev/nvidia-caps-imex-channels/channel<N> as the worker sees it.
+WRITABLE, UNWRITABLE, ABSENT = "writable", "unwritable", "absent"
+IMEX_CHANNELS = (WRITABLE, UNWRITABLE, ABSENT)
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class GpuFabric:
+    """One GPU's NVLink fabric record."""
+
+    state: str  # one of FABRIC_STATES
+    status: Optional[str] = None  # "success", or NVML's error words; None: not reported
+    cluster_uuid: Optional[str] = None  # None or the zero UUID: no multi-node NVLink domain
+    clique_id: Optional[int] = None
+    health: Optional[str] = None  # ok | degraded | None (not reported)
+
+    @property
+    def has_cluster(self) -> bool:
+        # NCCL src/mnnvl.cc: a zero cluster UUID means no MNNVL fabric info.
+        return bool(self.cluster_uuid) and self.cluster_uuid.strip("0-") != ""
+
+    @property
+    def ready(self) -> bool:
+        return self.state == COMPLETED and self.status == SUCCESS
+
+
+@dataclass(frozen=True)
+class NodeFabric:
+    """The fabric facts of one node. ``gpus`` is ``None`` when they could not
+    be read (``error`` says why); ``()`` on a node without NVIDIA GPUs."""
+
+    gpus: Optional[Tuple[GpuFabric, ...]]
+    imex_channel: str  # writable | unwritable | absent
+    method: str
+    error: Optional[str] = None
+    detail: Optional[str] = None
+    probed_at: Optional[float] = None
+    probe_pid: Optional[int] = None
+
+    @property
+    def is_known(self) -> bool:
+        return self.gpus is not None
+
+    @property
+    def switched(self) -> bool:
+        """The GPUs sit behind NVSwitches: NVML reports a fabric state other
+        than NOT_SUPPORTED (PCIe and NVLink-bridge GPUs report NOT_SUPPORTED)."""
+        return bool(self.gpus) and any(g.state != NOT_SUPPORTED for g in self.gpus)
+
+    @property
+    def attached(self) -> bool:
+        """Every GPU is in a multi-node NVLink domain and registered with it:
+        state COMPLETED, status SUCCESS, a non-zero cluster UUID (the facts
+        NCCL's ncclMnnvlCheck requires before it turns MNNVL on)."""
+        return bool(self.gpus) and all(g.ready and g.has_cluster for g in self.gpus)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.gpus) and all(g.ready for g in self.gpus)
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.gpus) and any(g.health == HEALTH_DEGRADED for g in self.gpus)
+
+    def describe(self) -> str:
+        """Words for a reason sentence."""
+        if self.gpus is None:
+            return f"fabric unknown ({self.method}: {self.error})"
+        if not self.gpus:
+            return "no NVIDIA GPU fabric"
+        states = sorted({g.state for g in self.gpus})
+        words = f"fabric {'/'.join(states)}"
+        statuses = sorted({g.status for g in self.gpus if g.status})
+        if statuses and statuses != [SUCCESS]:
+            words += f" (status {'/'.join(statuses)})"
+        uuids = sorted({g.cluster_uuid for g in self.gpus if g.has_cluster})
+        if uuids:
+            words += f", cluster {uuids[0]}"
+        return f"{words}, IMEX channel {self.imex_channel}"
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "error": self.error, "detail": self.detail,
+                "imex_channel": self.imex_channel,
+                "gpus": None if self.gpus is None else [
+                    {"state": g.state, "status": g.status, "cluster_uuid": g.cluster_uuid,
+                     "clique_id": g.clique_id, "health": g.health} for g in self.gpus]}
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """Everything the packs read about one node. ``fabric`` is ``None`` when
+    no pack the job asked for needs it (it is then never probed)."""
+
+    gpus: NodeGpus
+    fabric: Optional[NodeFabric] = None
+
+
+class FakeNodeError(ValueError):
+    """RAY_MEGATRON_ENV_FAKE_NODE (or explain's --node) is not what it must be."""
+
+
+_FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health")
+_TOP_KEYS = ("gpus", "fabric", "imex_channel")
+
+
+def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
+                    default_gpus: Optional[str] = None) -> Tuple[Optional[str], NodeFabric]:
+    """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent"}`` ->
+    the GPU list text (``None`` if not given) and the node's fabric.
+
+    The one fabric record applies to every GPU in ``gpus`` (or in
+    ``default_gpus`` when the object has none: explain's --gpus). Without
+    ``fabric`` the GPUs report NOT_SUPPORTED (a PCIe node). Raises
+    ``FakeNodeError`` naming the key and what it must be.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise FakeNodeError(f"{where} is not JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise FakeNodeError(f"{where} must be a JSON object with {', '.join(_TOP_KEYS)}")
+    _only(data, _TOP_KEYS, f"{where}: unknown key(s)")
+    gpus = data.get("gpus")
+    if gpus is not None and not isinstance(gpus, str):
+        raise FakeNodeError(f"{where}: gpus must be a string like \"10.0,10.0\" or \"none\"")
+    count = _gpu_count(gpus if gpus is not None else default_gpus, where)
+    imex = data.get("imex_channel", ABSENT)
+    if imex not in IMEX_CHANNELS:
+        raise FakeNodeError(f"{where}: imex_channel must be one of {', '.join(IMEX_CHANNELS)}, "
+                            f"got {imex!r}")
+    fabric = _fake_fabric(data.get("fabric"), where)
+    return gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, "fake",
+                            detail=f"{where}={text}")
+
+
+def _only(data: Mapping[str, Any], allowed: Tuple[str, ...], words: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise FakeNodeError(f"{words} {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def _gpu_count(gpus: Optional[str], where: str) -> int:
+    if gpus is None or gpus.strip().lower() in ("", "none", "amd"):
+        return 0
+    try:
+        return len([parse_capability(part) for part in gpus.split(",")])
+    except ValueError as exc:
+        raise FakeNodeError(f"{where}: gpus: {exc}") from None
+
+
+def _fake_fabric(raw: Any, where: str) -> GpuFabric:
+    if raw is None:
+        return GpuFabric(NOT_SUPPORTED)
+    if not isinstance(raw, Mapping):
+        raise FakeNodeError(f"{where}: fabric must be an object with {', '.join(_FABRIC_KEYS)}")
+    _only(raw, _FABRIC_KEYS, f"{where}: unknown fabric key(s)")
+    state = raw.get("state")
+    if state not in FABRIC_STATES:
+        raise FakeNodeError(f"{where}: fabric.state must be one of {', '.join(FABRIC_STATES)}, "
+                            f"got {state!r}")
+    health = raw.get("health")
+    if health is not None and health not in HEALTHS:
+        raise FakeNodeError(f"{where}: fabric.health must be one of {', '.join(HEALTHS)}, "
+                            f"got {health!r}")
+    for key in ("status", "cluster_uuid"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise FakeNodeError(f"{where}: fabric.{key} must be a string")
+    clique = raw.get("clique_id")
+    if clique is not None and (isinstance(clique, bool) or not isinstance(clique, int)):
+        raise FakeNodeError(f"{where}: fabric.clique_id must be an integer")
+    # A completed fabric without a status reads as NVML reports it: success.
+    status = raw.get("status", SUCCESS if state == COMPLETED else None)
+    return GpuFabric(state, status, raw.get("cluster_uuid"), clique, health)

@@ -1,0 +1,154 @@
+"""Rule packs: the unit of rules. Each pack owns some variables and decides
+them for one node from the node's facts and the job's config.
+
+Shape
+-----
+A pack is data plus one small function:
+
+* ``Pack``: its name, the variables it owns, the node facts and config
+  facts it reads (in words, for the docs), its rows, and whether it is
+  always on (``cuda-connections``) or asked for per job (``nccl-fabric``).
+* ``PackRow``: one row of its table: when it applies (in words), the action
+  on its variables, the values, the strength, why, and the upstream source.
+* Actions: ``set`` a value; ``remove`` a value the job set; ``keep`` the
+  job's value with a warning; ``leave`` the variable to its library's own
+  default.
+* ``evaluate(spec, facts, env_vars, node_environ) -> PackVerdict``: the
+  rows that apply on this node, one ``Outcome`` per variable it owns, plus
+  warnings that set nothing. Pure.
+
+``decision.decide_node`` composes the packs a job asked for (always
+``cuda-connections``) over one node's facts, applies the precedence once
+for every variable, and produces the record. The ``cuda-connections`` pack
+keeps its table in ``rules.py`` and its evaluation in ``policy.py``;
+``packs/connections.py`` declares it over them.
+
+Import graph (every arrow points down)::
+
+    agent / explanation / check -> decision -> packs -> spec, node -> values, rules
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
+
+from ..errors import FieldValueError
+from ..values import FIELD, fail_type, show
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..node import NodeFacts
+    from ..spec import Spec
+
+SET, REMOVE, KEEP, LEAVE = "set", "remove", "keep", "leave"
+ACTIONS = (SET, REMOVE, KEEP, LEAVE)
+REQUIRED, PREFERRED, NONE = "required", "preferred", "none"
+
+CUDA_CONNECTIONS = "cuda-connections"
+NCCL_FABRIC = "nccl-fabric"
+# name -> module under packs/; the first is always on.
+_MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric"}
+PACK_NAMES = tuple(_MODULES)
+ALWAYS_ON = (CUDA_CONNECTIONS,)
+OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)
+
+
+@dataclass(frozen=True)
+class PackRow:
+    """One row of a pack's table."""
+
+    id: str
+    when: str  # the condition, in words
+    action: str  # set | remove | keep | leave
+    values: Tuple[Tuple[str, str], ...]  # (variable, value) the action is about
+    strength: str  # required | preferred | none
+    why: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one row says about one variable on one node."""
+
+    variable: str
+    action: str
+    value: Optional[str]  # set: the value to write; otherwise the value the row is about
+    strength: str
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PackVerdict:
+    outcomes: Tuple[Outcome, ...]
+    warnings: Tuple[str, ...] = ()
+
+
+Evaluate = Callable[["Spec", "NodeFacts", Mapping[str, Any], Mapping[str, str]], PackVerdict]
+
+
+@dataclass(frozen=True)
+class Pack:
+    name: str
+    summary: str
+    variables: Tuple[str, ...]
+    node_facts: Tuple[str, ...]
+    config_facts: Tuple[str, ...]
+    rows: Tuple[PackRow, ...]
+    evaluate: Optional[Evaluate] = None  # None: decided by today's precedence (decision.py)
+    needs_fabric: bool = False  # reads NVLink fabric facts (probed only for such packs)
+    defaults: Tuple[Tuple[str, str], ...] = field(default=())  # variable -> the library's default
+
+    def row(self, rule_id: str) -> PackRow:
+        return next(r for r in self.rows if r.id == rule_id)
+
+
+def get_pack(name: str) -> Pack:
+    """The pack called ``name``; a ``FieldValueError`` listing the known ones."""
+    if name not in _MODULES:
+        raise FieldValueError(f"{FIELD}: unknown pack {show(name)}; known packs: "
+                              f"{', '.join(PACK_NAMES)}")
+    return import_module(f".{_MODULES[name]}", __name__).PACK
+
+
+def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
+    """A job's pack list, checked: names of optional packs, sorted, once each.
+    ``cuda-connections`` is always on and may be named."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise fail_type(key, f"a list of pack names ({', '.join(PACK_NAMES)})", value)
+    unknown = [v for v in value if v not in _MODULES]
+    if unknown:
+        raise FieldValueError(f"{FIELD}: {key} names unknown pack(s) {show(unknown)}; "
+                              f"known packs: {', '.join(PACK_NAMES)}")
+    return tuple(sorted({v for v in value if v not in ALWAYS_ON}))
+
+
+def markdown_table(pack: Pack) -> str:
+    """A pack's rows as ``docs/packs.md`` shows them (a test keeps it in step)."""
+    lines = ["| # | row | when | action | variables | strength | why | source |",
+             "|---|---|---|---|---|---|---|---|"]
+    for number, row in enumerate(pack.rows, 1):
+        values = ", ".join(f"`{var}={val}`" if val else f"`{var}`" for var, val in row.values)
+        lines.append(f"| {number} | `{row.id}` | {row.when} | {row.action} | {values or '-'} | "
+                     f"{row.strength} | {row.why} | {row.source} |")
+    return "\n".join(lines)
+
+
+def markdown_packs() -> str:
+    """Every pack: what it owns and reads, and its table."""
+    out = []
+    for name in PACK_NAMES:
+        pack = get_pack(name)
+        on = "always on" if name in ALWAYS_ON else f"opt-in, `packs: [{name}]`"
+        out += [f"### `{name}`: {on}", "", pack.summary, "",
+                f"- variables: {', '.join(f'`{v}`' for v in pack.variables)}",
+                f"- node facts: {'; '.join(pack.node_facts)}",
+                f"- config facts: {'; '.join(pack.config_facts)}"]
+        if pack.defaults:
+            out.append("- the library's default when unset: " +
+                       "; ".join(f"`{v}`: {d}" for v, d in pack.defaults))
+        out += ["", markdown_table(pack), ""]
+    return "\n".join(out).rstrip()

@@ -1,0 +1,241 @@
+"""The fabric probe: real nvidia-smi -q outputs, NVML's fabric record
+through pynvml's own structures, the IMEX channel, and the fake node.
+
+Fixtures: tests/fixtures/nvidia_smi/README.md says where each comes from.
+"""
+
+import stat
+import threading
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from ray_megatron_env import fabric_probe
+from ray_megatron_env.fabric_probe import imex_channel, parse_smi_fabric, probe_fabric
+from ray_megatron_env.node import (
+    ABSENT, COMPLETED, FAKE_NODE_VARIABLE, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED,
+    UNWRITABLE, WRITABLE, parse_fake_node,
+)
+from ray_megatron_env.probe import FAKE_VARIABLE, ROOT_VARIABLE, probe_gpus
+
+SMI = Path(__file__).parent / "fixtures" / "nvidia_smi"
+NO_SMI = ("/nonexistent/nvidia-smi",)
+
+
+def read(name):
+    return (SMI / name).read_text()
+
+
+def test_hgx_h100_reports_a_registered_fabric_without_a_multi_node_domain():
+    gpus = parse_smi_fabric(read("hgx_h100_sxm_x8.txt"))
+    assert len(gpus) == 8
+    assert {(g.state, g.status, g.cluster_uuid, g.clique_id) for g in gpus} == {
+        (COMPLETED, "success", "00000000-0000-0000-0000-000000000000", 0)}
+    assert not any(g.has_cluster for g in gpus)  # mnnvl.cc: a zero UUID is no MNNVL fabric
+    assert {g.health for g in gpus} == {None}  # Bandwidth: N/A
+
+
+def test_l40s_pcie_reports_no_fabric():
+    gpus = parse_smi_fabric(read("l40s_pcie.txt"))
+    assert [(g.state, g.status, g.cluster_uuid) for g in gpus] == [(NOT_SUPPORTED, None, None)]
+
+
+def test_a_grep_excerpt_after_fabric_manager_started():
+    gpus = parse_smi_fabric(read("hgx_fabric_manager_grep.txt"))
+    assert [(g.state, g.status) for g in gpus] == [(COMPLETED, "success")]
+
+
+def test_gb200_tray_is_fabric_attached_and_one_gpu_degraded_is_seen():
+    gpus = parse_smi_fabric(read("gb200_tray_excerpt.txt"))
+    assert [(g.state, g.cluster_uuid, g.clique_id, g.health) for g in gpus] == [
+        (COMPLETED, "b2daed23-0000-0000-0000-000000000000", 1, "ok")] * 4
+    assert all(g.has_cluster for g in gpus)
+    degraded = parse_smi_fabric(read("gb200_degraded_excerpt.txt"))
+    assert [g.health for g in degraded] == ["ok", "degraded"]
+
+
+def test_output_without_any_fabric_block_is_not_read_as_no_fabric():
+    assert parse_smi_fabric("GPU 00000000:01:00.0\n    Product Name : Tesla V100\n") is None
+
+
+def _script(tmp_path, text, code=0):
+    path = tmp_path / "nvidia-smi"
+    path.write_text(f"#!/bin/sh\ncat <<'END'\n{text}\nEND\nexit {code}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return (str(path),)
+
+
+def test_nvidia_smi_is_the_fallback_when_nvml_is_absent(tmp_path):
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(),
+                          smi_command=_script(tmp_path, read("l40s_pcie.txt")))
+    assert fabric.method == "nvidia-smi" and fabric.is_known and not fabric.switched
+    assert "after nvml" in fabric.detail
+    assert fabric.imex_channel == ABSENT
+
+
+def test_no_source_gives_unknown_and_never_raises(tmp_path):
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(), smi_command=NO_SMI)
+    assert not fabric.is_known and "nvidia-smi" in fabric.error
+
+
+def test_a_hung_nvidia_smi_is_bounded(tmp_path):
+    hang = tmp_path / "nvidia-smi"
+    hang.write_text("#!/bin/sh\nsleep 30\n")
+    hang.chmod(0o755)
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(),
+                          smi_command=(str(hang),), smi_timeout_s=0.5)
+    assert not fabric.is_known and "did not answer within 0.5 s" in fabric.error
+
+
+class _NoNvml:
+    NVMLError = pynvml.NVMLError
+
+    def nvmlInit(self):
+        raise pynvml.NVMLError_LibraryNotFound()
+
+
+class _FabricNvml:
+    """pynvml with its real fabric structures and constants; each GPU's
+    record is filled as the driver would fill it."""
+
+    NVMLError = pynvml.NVMLError
+    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+    NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
+    c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+    NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW = \
+        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+    NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW = \
+        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW
+
+    def __init__(self, records, hang=None):
+        self.records = records  # per GPU: dict of fields, or an exception to raise
+        self.hang = hang
+
+    def nvmlInit(self):
+        if self.hang:
+            self.hang.wait()
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.records)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle, info):
+        record = self.records[handle]
+        if isinstance(record, Exception):
+            raise record
+        for name, value in record.items():
+            if name == "clusterUuid":
+                for i, byte in enumerate(value):
+                    info.clusterUuid[i] = byte
+            else:
+                setattr(info, name, value)
+
+
+def test_nvml_fabric_record_of_a_gb200_gpu():
+    uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
+    degraded = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE << \
+        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+    nvml = _FabricNvml([
+        {"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, "status": pynvml.NVML_SUCCESS,
+         "cliqueId": 32766, "clusterUuid": uuid,
+         "healthMask": pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE},
+        {"state": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, "status": pynvml.NVML_SUCCESS,
+         "cliqueId": 32766, "clusterUuid": uuid, "healthMask": degraded},
+        pynvml.NVMLError_NotSupported(),
+    ])
+    fabric = probe_fabric({ROOT_VARIABLE: "/nonexistent"}, nvml=nvml)
+    first, second, third = fabric.gpus
+    assert (first.state, first.status, first.cluster_uuid, first.clique_id, first.health) == (
+        COMPLETED, "success", "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01", 32766, "ok")
+    assert (second.state, second.health) == (IN_PROGRESS, "degraded")
+    assert third.state == NOT_SUPPORTED
+    assert fabric.method == "nvml"
+
+
+def test_a_hung_nvml_is_bounded_then_nvidia_smi_answers(tmp_path):
+    release = threading.Event()
+    try:
+        fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_FabricNvml([], release),
+                              smi_command=_script(tmp_path, read("hgx_fabric_manager_grep.txt")),
+                              nvml_timeout_s=0.3)
+    finally:
+        release.set()
+    assert fabric.method == "nvidia-smi"
+    assert "NVML did not answer within 0.3 s" in fabric.detail
+
+
+def test_imex_channel_writable_unwritable_absent(tmp_path, monkeypatch):
+    env = {ROOT_VARIABLE: str(tmp_path)}
+    assert imex_channel(env) == ABSENT
+    folder = tmp_path / "dev" / "nvidia-caps-imex-channels"
+    folder.mkdir(parents=True)
+    assert imex_channel(env) == ABSENT
+    (folder / "channel0").write_text("")
+    assert imex_channel(env) == WRITABLE
+    # Tests run as root here, for whom os.access grants everything: the
+    # worker's view of a channel it may not open is given by os.access.
+    monkeypatch.setattr(fabric_probe.os, "access", lambda path, mode: False)
+    assert imex_channel(env) == UNWRITABLE
+
+
+def test_the_fake_node_gives_the_gpus_and_the_fabric():
+    text = ('{"gpus": "10.0,10.0", "fabric": {"state": "completed", "cluster_uuid": '
+            '"3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01", "clique_id": 7}, '
+            '"imex_channel": "unwritable"}')
+    gpus = probe_gpus({FAKE_NODE_VARIABLE: text, FAKE_VARIABLE: "8.0"})
+    assert gpus.capabilities == ((10, 0), (10, 0))  # the node's gpus win
+    fabric = probe_fabric({FAKE_NODE_VARIABLE: text})
+    assert fabric.attached and fabric.imex_channel == UNWRITABLE and len(fabric.gpus) == 2
+    only_fabric = '{"fabric": {"state": "not_started"}}'
+    assert probe_gpus({FAKE_NODE_VARIABLE: only_fabric, FAKE_VARIABLE: "9.0"}).capabilities \
+        == ((9, 0),)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{", "is not JSON"),
+    ("[]", "must be a JSON object"),
+    ('{"gpu": "9.0"}', "unknown key(s) gpu"),
+    ('{"gpus": 9}', "gpus must be a string"),
+    ('{"gpus": "9.x"}', "not a compute capability"),
+    ('{"imex_channel": "yes"}', "imex_channel must be one of writable, unwritable, absent"),
+    ('{"fabric": {"state": "ready"}}', "fabric.state must be one of"),
+    ('{"fabric": {"state": "completed", "health": "bad"}}', "fabric.health must be one of"),
+    ('{"fabric": {"state": "completed", "clique_id": "7"}}', "clique_id must be an integer"),
+])
+def test_a_bad_fake_node_is_named_and_never_a_silent_value(text, message):
+    gpus = probe_gpus({FAKE_NODE_VARIABLE: text})
+    assert gpus.capabilities is None and message in gpus.error
+    fabric = probe_fabric({FAKE_NODE_VARIABLE: text})
+    assert not fabric.is_known and message in fabric.error
+
+
+def test_a_fabric_not_started_is_switched_but_not_ready():
+    fabric = parse_fake_node('{"gpus": "9.0", "fabric": {"state": "not_started"}}')[1]
+    assert fabric.switched and not fabric.ready and not fabric.attached
+    assert fabric.gpus[0].state == NOT_STARTED
+
+
+def test_fake_gpus_alone_are_a_node_without_fabric():
+    fabric = probe_fabric({FAKE_VARIABLE: "8.0,8.0"}, nvml=_NoNvml(), smi_command=NO_SMI)
+    assert fabric.method == "fake" and fabric.is_known
+    assert [g.state for g in fabric.gpus] == [NOT_SUPPORTED, NOT_SUPPORTED]
+    assert not probe_fabric({FAKE_VARIABLE: "9.x"}).is_known
+
+
+def test_probe_node_reads_the_fabric_only_for_packs_that_need_it():
+    from ray_megatron_env.fabric_probe import probe_node
+    from ray_megatron_env.field import parse_field
+
+    environ = {FAKE_NODE_VARIABLE: '{"gpus": "9.0", "fabric": {"state": "not_started"}}'}
+    plain = parse_field({"engines": {}})
+    asked = parse_field({"engines": {}, "packs": ["nccl-fabric"]})
+    assert probe_node(plain, environ).fabric is None
+    facts = probe_node(asked, environ)
+    assert facts.gpus.capabilities == ((9, 0),) and facts.fabric.switched

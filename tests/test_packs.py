@@ -1,0 +1,255 @@
+"""Rule packs: the nccl-fabric pack's rows on golden nodes, its precedence,
+the record, explain's env/removed, and what stays the same without packs.
+
+Expected values are written from NCCL's source (docs/packs.md cites each
+row): src/mnnvl.cc, src/init.cc, src/transport/nvls.cc, src/misc/cudawrap.cc.
+"""
+
+import json
+import logging
+
+import pytest
+
+from configs import MEGATRON_YAML
+from ray_megatron_env import build_runtime_env
+from ray_megatron_env.agent import NodeAgent
+from ray_megatron_env.cli import OK, PROBLEM, main
+from ray_megatron_env.decision import DECISION_VARIABLE, decide_for_worker, decide_node
+from ray_megatron_env.errors import FieldValueError
+from ray_megatron_env.explanation import explain, explain_node
+from ray_megatron_env.field import parse_field
+from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeFacts, parse_fake_node
+from ray_megatron_env.packs import PACK_NAMES, read_packs
+from ray_megatron_env.probe import ProbeCache
+
+MNNVL, NVLS, CUMEM = "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE"
+CLUSTER = "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01"
+GB200 = {"gpus": "10.0,10.0,10.0,10.0",
+         "fabric": {"state": "completed", "status": "success", "cluster_uuid": CLUSTER,
+                    "clique_id": 32766, "health": "ok"}}
+GB200_NO_IMEX = json.dumps({**GB200, "imex_channel": "absent"})
+GB200_LOCKED_IMEX = json.dumps({**GB200, "imex_channel": "unwritable"})
+GB200_IMEX = json.dumps({**GB200, "imex_channel": "writable"})
+GB200_DEGRADED = json.dumps({**GB200, "imex_channel": "writable",
+                             "fabric": {**GB200["fabric"], "health": "degraded"}})
+GB200_FABRIC_STARTING = json.dumps({"gpus": "10.0", "fabric": {"state": "in_progress"},
+                                    "imex_channel": "absent"})
+# HGX H100: NVSwitch GPUs report a fabric state with an all-zero cluster UUID.
+HGX_NOT_READY = json.dumps({"gpus": "9.0,9.0", "fabric": {"state": "not_started"}})
+HGX_READY = json.dumps({"gpus": "9.0,9.0",
+                        "fabric": {"state": "completed", "cluster_uuid":
+                                   "00000000-0000-0000-0000-000000000000", "clique_id": 0}})
+HGX_A100_NOT_READY = json.dumps({"gpus": "8.0", "fabric": {"state": "not_started"}})
+L40S = json.dumps({"gpus": "8.9"})
+CPU = json.dumps({"gpus": "none"})
+
+MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}
+TRTLLM_ROLLOUT = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2},
+                              "rollout": {"strategy": "trtllm"}}}
+VLLM_ROLLOUT = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2},
+                            "rollout": {"strategy": "vllm"}}}
+
+
+def nccl(env):
+    return {k: v for k, v in env.items() if k.startswith("NCCL_")}
+
+
+# Golden table: node, job env_vars, config, tp_spans_nodes -> NCCL variables
+# written, variables removed, the rule deciding each, whether a warning says so.
+@pytest.mark.parametrize("node,job_env,config,spans,written,removed,rules,warns", [
+    # fabric-attached without a usable IMEX channel: mnnvl.cc fails init
+    (GB200_NO_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0", NVLS: "0"}, [],
+     {MNNVL: "fabric-without-imex", NVLS: "fabric-without-imex", CUMEM: "leave-to-nccl"}, False),
+    (GB200_LOCKED_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0", NVLS: "0"}, [],
+     {MNNVL: "fabric-without-imex", NVLS: "fabric-without-imex"}, False),
+    # the same tray with its channel: NCCL's default is right
+    (GB200_IMEX, {}, MEGATRON_TP2, (), {}, [],
+     {MNNVL: "leave-to-nccl", NVLS: "leave-to-nccl", CUMEM: "leave-to-nccl"}, False),
+    # NVSwitch fabric not registered, Hopper and later: NVLS off only
+    (HGX_NOT_READY, {}, MEGATRON_TP2, (), {NVLS: "0"}, [],
+     {MNNVL: "leave-to-nccl", NVLS: "nvswitch-fabric-not-ready"}, False),
+    (GB200_FABRIC_STARTING, {}, MEGATRON_TP2, (), {NVLS: "0"}, [],
+     {NVLS: "nvswitch-fabric-not-ready"}, False),
+    # A100 has no NVLS multicast: nothing
+    (HGX_A100_NOT_READY, {}, MEGATRON_TP2, (), {}, [], {NVLS: "leave-to-nccl"}, False),
+    (HGX_READY, {}, MEGATRON_TP2, (), {}, [], {NVLS: "leave-to-nccl"}, False),
+    # PCIe: the job's own NVLS=1 stays, nothing written
+    (L40S, {NVLS: "1"}, MEGATRON_TP2, (), {}, [], {NVLS: "leave-to-nccl"}, False),
+    (CPU, {}, MEGATRON_TP2, (), {}, [], {MNNVL: "leave-to-nccl"}, False),
+    # cuMem off under a TRT-LLM rollout with TP across nodes: removed
+    (GB200_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, ("rollout",), {}, [CUMEM],
+     {CUMEM: "cumem-off-under-trtllm-multinode-tp"}, False),
+    # ... TRT-LLM within a node, or another engine: kept, with a warning
+    (GB200_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, (), {}, [],
+     {CUMEM: "cumem-off-disables-mnnvl"}, True),
+    (GB200_IMEX, {CUMEM: "0"}, VLLM_ROLLOUT, ("rollout",), {}, [],
+     {CUMEM: "cumem-off-disables-mnnvl"}, True),
+    # cuMem off without IMEX: MNNVL is off anyway, the 0 is the job's
+    (GB200_NO_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, ("rollout",), {MNNVL: "0", NVLS: "0"}, [],
+     {CUMEM: "leave-to-nccl"}, False),
+    # degraded bandwidth: a warning, nothing set
+    (GB200_DEGRADED, {}, MEGATRON_TP2, (), {}, [], {MNNVL: "leave-to-nccl"}, True),
+])
+def test_nccl_fabric_rows(node, job_env, config, spans, written, removed, rules, warns):
+    result = explain_node(config, node=node, packs=["nccl-fabric"], job_env=job_env,
+                          tp_spans_nodes=spans)
+    assert nccl(result.env()) == written
+    assert list(result.remove) == removed
+    records = result.decision.packs
+    assert {v: records[v]["rule"] for v in rules} == rules
+    assert all(records[v]["pack"] == "nccl-fabric" for v in (MNNVL, NVLS, CUMEM))
+    assert any("nccl-fabric" in w for w in result.decision.warnings) == warns
+    assert result.decision.satisfied
+
+
+def test_the_megatron_value_and_the_nccl_values_come_together():
+    result = explain_node(MEGATRON_TP2, node=HGX_NOT_READY, packs=["nccl-fabric"])
+    assert result.env() == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", NVLS: "0"}
+
+
+def test_an_explicit_value_a_required_row_disagrees_with_is_kept_with_a_warning():
+    result = explain_node(MEGATRON_TP2, node=GB200_NO_IMEX, packs=["nccl-fabric"],
+                          job_env={MNNVL: "1"})
+    assert nccl(result.env()) == {NVLS: "0"}
+    entry = result.decision.packs[MNNVL]
+    assert (entry["value"], entry["source"], entry["strength"]) == ("1", "explicit", "required")
+    assert any(f"explicit {MNNVL}=1 is kept" in w for w in result.decision.warnings)
+    assert not result.decision.satisfied  # check and explain report it as a problem
+
+
+def test_an_inherited_value_a_row_disagrees_with_is_replaced():
+    spec = parse_field({**MEGATRON_TP2, "packs": ["nccl-fabric"]})
+    gpus, fabric = parse_fake_node(HGX_NOT_READY)
+    facts = NodeFacts(NodeGpus.known([(9, 0), (9, 0)], "fake"), fabric)
+    result = decide_node(spec, facts, {}, {NVLS: "1"})
+    assert result.write[NVLS] == "0"
+    assert result.decision.packs[NVLS]["source"] == "policy"
+
+
+def test_an_inherited_cumem_0_cannot_be_removed_and_says_so():
+    spec = parse_field({**TRTLLM_ROLLOUT, "packs": ["nccl-fabric"],
+                        "tp_spans_nodes": ["rollout"]})
+    facts = NodeFacts(NodeGpus.known([(10, 0)], "fake"), parse_fake_node(GB200_IMEX)[1])
+    result = decide_node(spec, facts, {}, {CUMEM: "0"})
+    assert CUMEM not in result.remove and CUMEM not in result.write
+    assert any("cannot unset" in w for w in result.decision.warnings)
+
+
+def test_without_packs_the_decision_and_its_record_are_what_they_were():
+    spec = parse_field(MEGATRON_TP2)
+    gpus = NodeGpus.known([(9, 0)], "given")
+    before = decide_for_worker(spec, gpus, {}, inherited=None)
+    after = decide_node(spec, NodeFacts(gpus), {}, {})
+    assert after.decision == before
+    assert "packs" not in json.loads(after.write[DECISION_VARIABLE])
+    assert after.env() == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert explain(MEGATRON_TP2, "9.0") == before
+
+
+def test_the_record_has_one_entry_per_pack_variable():
+    result = explain_node(MEGATRON_TP2, node=GB200_NO_IMEX, packs=["nccl-fabric"])
+    record = json.loads(result.write[DECISION_VARIABLE])
+    assert sorted(record["packs"]) == [CUMEM, MNNVL, NVLS]
+    assert set(record["packs"][MNNVL]) == {"pack", "action", "value", "source", "strength",
+                                           "rule", "reason"}
+    assert record["packs"][MNNVL]["action"] == "set"
+    assert record["value"] is None  # CUDA_DEVICE_MAX_CONNECTIONS on Blackwell: unchanged keys
+
+
+def test_pack_names_are_checked_with_the_known_ones_listed():
+    assert PACK_NAMES == ("cuda-connections", "nccl-fabric")
+    assert read_packs(["nccl-fabric", "cuda-connections", "nccl-fabric"]) == ("nccl-fabric",)
+    with pytest.raises(FieldValueError, match="known packs: cuda-connections, nccl-fabric"):
+        build_runtime_env(MEGATRON_TP2, packs=["nccl-fabrik"])
+    with pytest.raises(FieldValueError, match="packs names unknown"):
+        parse_field({**MEGATRON_TP2, "packs": ["mnnvl"]})
+    with pytest.raises(FieldValueError, match="tp_spans_nodes names role"):
+        build_runtime_env(MEGATRON_TP2, packs=["nccl-fabric"], tp_spans_nodes=["rollout"])
+
+
+def test_build_runtime_env_ships_the_packs_in_the_compact_form():
+    env = build_runtime_env(MEGATRON_YAML, packs=["nccl-fabric"])
+    assert env["megatron_env"]["packs"] == ["nccl-fabric"]
+    assert parse_field(env["megatron_env"]).packs == ("nccl-fabric",)
+    assert "packs" not in build_runtime_env(MEGATRON_YAML)["megatron_env"]
+
+
+class _CountingFabric:
+    def __init__(self):
+        self.runs = 0
+
+    def __call__(self):
+        self.runs += 1
+        return parse_fake_node(GB200_NO_IMEX)[1]
+
+
+def test_the_agent_probes_the_fabric_only_for_jobs_that_ask():
+    fabric = _CountingFabric()
+    agent = NodeAgent(ProbeCache(lambda: NodeGpus.known([(10, 0)], "fake")),
+                      ProbeCache(fabric))
+    env_vars = {}
+    agent.apply({"megatron_env": MEGATRON_TP2}, env_vars, {}, logging.getLogger("t"))
+    assert fabric.runs == 0 and nccl(env_vars) == {}
+    env_vars = {}
+    agent.apply({"megatron_env": {**MEGATRON_TP2, "packs": ["nccl-fabric"]}}, env_vars, {},
+                logging.getLogger("t"))
+    assert fabric.runs == 1 and nccl(env_vars) == {MNNVL: "0", NVLS: "0"}
+
+
+def test_explain_json_has_env_and_removed(capsys):
+    code = main(["explain", str(MEGATRON_YAML), "--node", GB200_NO_IMEX, "--packs",
+                 "nccl-fabric", "--job-env", "NCCL_DEBUG=INFO", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == OK
+    assert out["env"] == {MNNVL: "0", NVLS: "0"}
+    assert out["removed"] == []
+    assert out["packs"][NVLS]["rule"] == "fabric-without-imex"
+
+
+def test_explain_text_lists_each_pack_variable_and_fails_on_a_broken_required_row(capsys):
+    code = main(["explain", str(MEGATRON_YAML), "--node", HGX_NOT_READY, "--packs",
+                 "nccl-fabric", "--job-env", f"{NVLS}=1"])
+    out = capsys.readouterr().out
+    assert code == PROBLEM
+    assert f"{NVLS}=1 [nccl-fabric: set, required, source explicit]" in out
+
+
+def test_explain_node_from_a_file_and_gpus_given_once(tmp_path, capsys):
+    facts = tmp_path / "node.json"
+    facts.write_text(json.dumps({"fabric": {"state": "not_started"}}))
+    result = explain_node(MEGATRON_TP2, "9.0", node=str(facts), packs=["nccl-fabric"])
+    assert nccl(result.env()) == {NVLS: "0"}
+    with pytest.raises(FieldValueError, match="disagree"):
+        explain_node(MEGATRON_TP2, "9.0", node=L40S, packs=["nccl-fabric"])
+    with pytest.raises(FieldValueError, match="neither a JSON object nor a file"):
+        explain_node(MEGATRON_TP2, node="nowhere.json")
+    with pytest.raises(FieldValueError, match="fabric.state must be one of"):
+        explain_node(MEGATRON_TP2, node='{"gpus": "9.0", "fabric": {"state": "done"}}')
+
+
+def test_without_fabric_facts_the_pack_sets_nothing_and_says_why():
+    result = explain_node(MEGATRON_TP2, "10.0", packs=["nccl-fabric"])
+    assert nccl(result.env()) == {}
+    assert any("could not be read" in w for w in result.decision.warnings)
+
+
+def test_check_text_shows_each_pack_variable_and_the_advice():
+    from ray_megatron_env.check import NodeReport
+    from ray_megatron_env.cli import format_check
+
+    decision = explain(MEGATRON_TP2, node=HGX_NOT_READY, packs=["nccl-fabric"])
+    report = NodeReport("ab" * 28, "10.0.0.7", True, "1", decision, label="h100",
+                        advice="nccl-fabric would set NCCL_MNNVL_ENABLE=0 on node b200: ...")
+    text = format_check([report])
+    assert f"{NVLS}=0 [nccl-fabric: set, required, source policy]" in text
+    assert f"{MNNVL}=unset [nccl-fabric: leave, none, source none]" in text
+    assert "advice: nccl-fabric would set NCCL_MNNVL_ENABLE=0 on node b200" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_runtime_env_verb_ships_the_packs_and_refuses_an_unknown_one(capsys):
+    assert main(["runtime-env", str(MEGATRON_YAML), "--packs", "nccl-fabric", "--json"]) == OK
+    assert json.loads(capsys.readouterr().out)["megatron_env"]["packs"] == ["nccl-fabric"]
+    assert main(["runtime-env", str(MEGATRON_YAML), "--packs", "fabric", "--json"]) == 2
+    assert "known packs: cuda-connections, nccl-fabric" in capsys.readouterr().err
