@@ -278,7 +278,7 @@ def _pluck(tree: Any) -> Dict[str, Any]:
                 break
             if depth < len(parts) and tree.is_section(value):
                 continue
-            if path in markers and depth == len(parts):
+            if path in markers and path not in paths and depth == len(parts):
                 # Detection needs only that it is there: resolving a whole
                 # section would fail on any broken interpolation inside it.
                 _put(out, parts, {} if tree.is_container(value) else value, replace=False)

@@ -18,6 +18,7 @@ config sets the variable in a ``scheduling_spec``'s ``env_vars``.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -31,7 +32,16 @@ from . import Reader
 
 FRAMEWORK = "areal"
 TRAIN_ROLES = ("actor", "critic", "ref", "teacher")
-ROLES = TRAIN_ROLES + ("rollout",)
+# judge_engine: an InferenceEngineConfig in an example's own config class
+# (examples/search_agent/tongyi_deepresearch/config.py:29), started by its
+# train.py as a second rollout controller (role="judge_engine").
+INFER_ROLES = ("rollout", "judge_engine")
+ROLES = TRAIN_ROLES + INFER_ROLES
+# Roles whose backend has no fallback: AReaL declares ``backend`` MISSING
+# (required) in TrainEngineConfig and InferenceEngineConfig
+# (areal/api/cli_args.py:1203, 2171), so its loader refuses a config
+# without one. critic and ref fall back to the actor's (below).
+REQUIRED_BACKEND = ("actor", "teacher") + INFER_ROLES
 LEGACY = "allocation_mode"
 
 # Backend -> kind. Archon is AReaL's PyTorch-native engine modelled on
@@ -300,28 +310,53 @@ def _sections(config: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str]
     return sections, omitted
 
 
-def _backends(sections: Mapping[str, Any], legacy_actor: Optional[Tuple[Allocation, str]]
+def _backends(sections: Mapping[str, Any], legacy: Mapping[str, Tuple[Allocation, str]]
               ) -> Dict[str, Tuple[Allocation, str]]:
     """Role -> (parsed per-engine backend, the key it came from)."""
     out: Dict[str, Tuple[Allocation, str]] = {}
-    for role in ("actor", "rollout", "teacher", "critic", "ref"):
+    for role in ("actor", "rollout", "judge_engine", "teacher", "critic", "ref"):
         if role not in sections:
             continue
         key = f"{role}.backend"
         text = sections[role].get("backend")
-        if text in (None, "", "???") and role in ("critic", "ref"):
+        if text in (None, "", "???") and role in ("critic", "ref") and role not in legacy:
             # Documented: an empty critic/ref backend is the actor's
             # (docs/en/reference/alloc_mode.md, "falls back to actor.backend").
-            actor = out.get("actor", legacy_actor)
+            actor = out.get("actor", legacy.get("actor"))
             if actor is None:
                 raise FieldValueError(f"{FIELD}: {key} is empty, so it would be actor.backend, "
                                       "which is not set either")
             out[role] = actor
             continue
-        if text in (None, "???"):
-            continue  # not declared here; allocation_mode may declare it
+        if text in (None, "", "???"):
+            continue  # not declared here; allocation_mode may declare it (checked below)
         out[role] = (parse_backend(text, key), key)
     return out
+
+
+def _refuse_a_missing_backend(sections: Mapping[str, Any],
+                              backends: Mapping[str, Tuple[Allocation, str]]) -> None:
+    """A section AReaL creates but with no backend: AReaL's loader refuses it
+    (``backend`` is MISSING), so it is an error here too, never a role
+    silently dropped."""
+    for role in REQUIRED_BACKEND:
+        if role in sections and role not in backends:
+            example = "'sglang:d4t1'" if role in INFER_ROLES else "'megatron:d2p1t2'"
+            raise FieldValueError(
+                f"{FIELD}: {role}.backend is missing; AReaL requires it (a MISSING field of "
+                f"its engine config): set {role}.backend, e.g. {example} (a misspelt key "
+                "such as 'backnd' is not read)")
+
+
+def _refuse_a_misspelt_section(config: Mapping[str, Any]) -> None:
+    """A top-level key that is nearly a role name (``rolout:``) would leave
+    that role out silently; AReaL's structured config refuses the key."""
+    for key in map(str, config):
+        close = difflib.get_close_matches(key, ROLES, n=1, cutoff=0.75)
+        if close and close[0] != key:
+            raise FieldValueError(
+                f"{FIELD}: the top-level key {key!r} looks like AReaL's {close[0]!r}; "
+                f"AReaL's engine sections are {', '.join(ROLES)}: rename it")
 
 
 def _legacy(config: Mapping[str, Any]) -> Dict[str, Tuple[Allocation, str]]:
@@ -344,9 +379,9 @@ def _legacy(config: Mapping[str, Any]) -> Dict[str, Tuple[Allocation, str]]:
     return out
 
 
-def _user_sets_variable(config: Mapping[str, Any]) -> List[str]:
-    """Keys where the config itself sets the variable for some workers."""
-    keys = []
+def _user_values(config: Mapping[str, Any]) -> Dict[str, str]:
+    """Key -> value, where the config itself sets the variable for some workers."""
+    keys: Dict[str, str] = {}
     for path in SCHEDULING_SPECS:
         present, specs = _lookup(config, path)
         if not present or specs is None:
@@ -366,15 +401,16 @@ def _user_sets_variable(config: Mapping[str, Any]) -> List[str]:
             if VARIABLE in env_vars:
                 key = f"{where}.env_vars.{VARIABLE}"
                 parse_connections(env_vars[VARIABLE], key)
-                keys.append(key)
+                keys[key] = env_vars[VARIABLE]
     return keys
 
 
 def read_areal(config: Mapping[str, Any]) -> Spec:
     """Engines of an AReaL-layout config (a plain, resolved mapping)."""
+    _refuse_a_misspelt_section(config)
     sections, omitted = _sections(config)
     legacy = _legacy(config)
-    backends = _backends(sections, legacy.get("actor"))
+    backends = _backends(sections, legacy)
     for role, (found, where) in legacy.items():
         if role != "rollout" and role != "actor" and role not in sections:
             continue  # that section is absent or not created, so neither is the engine
@@ -388,11 +424,20 @@ def read_areal(config: Mapping[str, Any]) -> Spec:
                     f"{LEGACY}: make them agree, or drop the deprecated {LEGACY}")
             continue
         backends[role] = (found, LEGACY)
+    _refuse_a_missing_backend(sections, backends)
     engines = {role: _engine(config, role, found, key)
                for role, (found, key) in backends.items()}
     return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
                    processes=_process_rules(engines),
-                   replaces=None if _user_sets_variable(config) else AREAL_VALUE)
+                   replaces=_replaces(_user_values(config)))
+
+
+def _replaces(user_values: Mapping[str, str]) -> Optional[str]:
+    """AReaL's own "1" is decided anew, unless the user also wrote "1" in some
+    scheduling_spec: a worker carrying "1" could then be theirs, and is kept.
+    Any other value of theirs differs from AReaL's, so it stays explicit on
+    its own workers while AReaL's "1" on every other worker is still replaced."""
+    return None if AREAL_VALUE in user_values.values() else AREAL_VALUE
 
 
 def _process_rules(engines: Mapping[str, Engine]) -> Tuple[ProcessRule, ...]:
