@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .field import explicit_value, read_field
-from .frameworks import all_paths, compose_yaml, to_mapping
+from .frameworks import all_paths, compose_yaml, read_config, to_mapping
 from .policy import hard_conflict_everywhere
 from .rules import VARIABLE
 from .spec import Roles, Spec
@@ -269,11 +269,16 @@ def _pluck(tree: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {key: ({} if section else None)
                            for key, section in tree.top_keys().items()}
     markers, paths = all_paths()
+    unresolved: Optional[FieldValueError] = None
     for path in (*paths, f"{USER_ENV_VARS}.{VARIABLE}", *markers):
         parts = path.split(".")
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])
-            value = tree.select(prefix)
+            try:
+                value = tree.select(prefix)
+            except FieldValueError as exc:
+                unresolved = unresolved or exc
+                break
             if value is _ABSENT:
                 break
             if depth < len(parts) and tree.is_section(value):
@@ -287,7 +292,20 @@ def _pluck(tree: Any) -> Dict[str, Any]:
                 value = tree.plain(value)
             _put(out, parts[:depth], value)
             break
+    if unresolved is not None:
+        _raise_the_cause(out, unresolved)
     return out
+
+
+def _raise_the_cause(plucked: Mapping[str, Any], unresolved: FieldValueError) -> None:
+    """A path that cannot be resolved is often a symptom: ``ref.backend:
+    ${actor.backend}`` with ``actor.backend`` misspelt. When the rest of the
+    config already fails the reader, that error names the cause; say both."""
+    try:
+        read_config(plucked)
+    except FieldValueError as cause:
+        raise FieldValueError(f"{cause}; and {str(unresolved).split(': ', 1)[-1]}") from None
+    raise unresolved
 
 
 def _resolve(config: Any, path: str, omegaconf: Any) -> Any:

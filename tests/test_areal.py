@@ -351,3 +351,64 @@ def test_judge_engine_is_read_as_an_inference_engine():
         "actor": "megatron TP=1 CP=1", "judge_engine": "sglang", "rollout": "sglang"}
     with pytest.raises(FieldValueError, match=r"judge_engine\.backend .*training backend"):
         parse_field({"actor": {"backend": "fsdp:d2"}, "judge_engine": {"backend": "fsdp:d1"}})
+
+
+def test_a_missing_actor_backend_is_named_before_what_falls_back_to_it():
+    config = {"rollout": {"backend": "sglang:d4"}, "actor": {"backnd": "megatron:d2t2"},
+              "critic": {"backend": ""}}
+    with pytest.raises(FieldValueError, match=r"actor\.backend is missing"):
+        parse_field(config)
+
+
+def test_an_interpolation_to_a_misspelt_backend_names_the_cause(tmp_path):
+    # As AReaL's examples write it: ref.backend: ${actor.backend}.
+    path = tmp_path / "config.yaml"
+    path.write_text("rollout:\n  backend: sglang:d4\nactor:\n  backnd: megatron:d2t2\n"
+                    "  kl_ctl: 0.1\nref:\n  backend: ${actor.backend}\n")
+    with pytest.raises(FieldValueError) as info:
+        build_runtime_env(str(path))
+    assert str(info.value).startswith("megatron_env: actor.backend is missing")
+    assert "cannot resolve ref.backend" in str(info.value)
+
+
+def test_a_config_dataclass_is_read_like_a_mapping_without_touching_other_fields():
+    # The shape AReaL's load_expr_config returns (GRPOConfig: nested engine
+    # dataclasses, SchedulingSpec lists, a None critic), with a field that
+    # cannot become JSON where no reader looks.
+    import dataclasses
+    import json
+    from typing import Any, List, Optional
+
+    @dataclasses.dataclass
+    class SchedulingSpec:
+        env_vars: dict = dataclasses.field(default_factory=dict)
+
+    @dataclasses.dataclass
+    class Engine:
+        backend: str = ""
+        kl_ctl: float = 0.1
+        scheduling_spec: List[SchedulingSpec] = dataclasses.field(default_factory=list)
+        tokenizer: Any = dataclasses.field(default_factory=object)
+
+    @dataclasses.dataclass
+    class Config:
+        experiment_name: str = "x"
+        allocation_mode: str = ""
+        actor: Engine = dataclasses.field(default_factory=lambda: Engine("megatron:d2t2"))
+        rollout: Engine = dataclasses.field(default_factory=lambda: Engine("sglang:d4"))
+        ref: Optional[Engine] = dataclasses.field(default_factory=lambda: Engine(""))
+        critic: Optional[Engine] = None
+
+    as_dict = {"experiment_name": "x", "allocation_mode": "",
+               "actor": {"backend": "megatron:d2t2"}, "rollout": {"backend": "sglang:d4"},
+               "ref": {"backend": ""}, "critic": None}
+    env = build_runtime_env(Config())
+    assert env == build_runtime_env(as_dict)
+    assert env["megatron_env"]["engines"] == {
+        "actor": {"strategy": "megatron", "tensor_parallel": 2},
+        "ref": {"strategy": "megatron", "tensor_parallel": 2},
+        "rollout": {"strategy": "sglang"}}
+    json.dumps(env)
+    user = Config()
+    user.actor.scheduling_spec = [SchedulingSpec({VARIABLE: "1"})]
+    assert build_runtime_env(user)["megatron_env"].get("replaces") is None

@@ -323,6 +323,8 @@ def _backends(sections: Mapping[str, Any], legacy: Mapping[str, Tuple[Allocation
             # Documented: an empty critic/ref backend is the actor's
             # (docs/en/reference/alloc_mode.md, "falls back to actor.backend").
             actor = out.get("actor", legacy.get("actor"))
+            if actor is None and "actor" in sections:
+                raise _missing_backend("actor")
             if actor is None:
                 raise FieldValueError(f"{FIELD}: {key} is empty, so it would be actor.backend, "
                                       "which is not set either")
@@ -341,11 +343,15 @@ def _refuse_a_missing_backend(sections: Mapping[str, Any],
     silently dropped."""
     for role in REQUIRED_BACKEND:
         if role in sections and role not in backends:
-            example = "'sglang:d4t1'" if role in INFER_ROLES else "'megatron:d2p1t2'"
-            raise FieldValueError(
-                f"{FIELD}: {role}.backend is missing; AReaL requires it (a MISSING field of "
-                f"its engine config): set {role}.backend, e.g. {example} (a misspelt key "
-                "such as 'backnd' is not read)")
+            raise _missing_backend(role)
+
+
+def _missing_backend(role: str) -> FieldValueError:
+    example = "'sglang:d4t1'" if role in INFER_ROLES else "'megatron:d2p1t2'"
+    return FieldValueError(
+        f"{FIELD}: {role}.backend is missing; AReaL requires it (a MISSING field of "
+        f"its engine config): set {role}.backend, e.g. {example} (a misspelt key "
+        "such as 'backnd' is not read)")
 
 
 def _refuse_a_misspelt_section(config: Mapping[str, Any]) -> None:
