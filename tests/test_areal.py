@@ -412,3 +412,15 @@ def test_a_config_dataclass_is_read_like_a_mapping_without_touching_other_fields
     user = Config()
     user.actor.scheduling_spec = [SchedulingSpec({VARIABLE: "1"})]
     assert build_runtime_env(user)["megatron_env"].get("replaces") is None
+
+
+@pytest.mark.parametrize("scheduler", ["local", "slurm"])
+def test_a_scheduler_without_ray_is_warned_about(scheduler):
+    config = {"actor": {"backend": "fsdp:d2"}, "scheduler": {"type": scheduler}}
+    with pytest.warns(UserWarning, match=rf"scheduler\.type is '{scheduler}'"):
+        build_runtime_env(config)
+
+
+def test_the_ray_scheduler_is_not_warned_about(recwarn):
+    build_runtime_env({"actor": {"backend": "fsdp:d2"}, "scheduler": {"type": "ray"}})
+    assert not [w for w in recwarn if "scheduler.type" in str(w.message)]

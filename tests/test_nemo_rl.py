@@ -345,3 +345,24 @@ def test_colocated_megatron_generation_with_its_own_layout_is_read():
         "generation": "megatron TP=2 CP=1 checked by megatron-bridge",
     }
     assert [explain(MCORE_GEN_DEDICATED, gpus).value for gpus in GPUS] == ["1", "1", None, "1"]
+
+
+def test_a_megatron_reward_model_environment_is_refused():
+    config = _plain(DTENSOR)
+    config["env"] = {"reward_model": {"megatron_cfg": {
+        "enabled": True, "tensor_model_parallel_size": 1, "context_parallel_size": 1,
+        "expert_model_parallel_size": 1}, "dtensor_cfg": {"enabled": False}}}
+    with pytest.raises(FieldValueError, match=r"env\.reward_model\.megatron_cfg\.enabled is "
+                                              r"true, but .* only on DTensor"):
+        load_spec(config)
+
+
+def test_an_eval_config_points_to_the_compact_form(tmp_path):
+    # examples/configs/evals/eval.yaml's top level: eval, generation, tokenizer,
+    # data, env, cluster.
+    path = tmp_path / "eval.yaml"
+    path.write_text("eval:\n  num_tests_per_prompt: 1\ngeneration:\n  backend: vllm\n"
+                    "tokenizer:\n  name: x\ndata:\n  max_input_seq_length: 1\nenv: {}\n"
+                    "cluster:\n  gpus_per_node: 1\n")
+    with pytest.raises(FieldValueError, match=r"NeMo-RL evaluation config .* compact form"):
+        load_spec(path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -72,7 +73,12 @@ SCHEDULING_SPECS = tuple(f"{role}.scheduling_spec" for role in ROLES) + (
 _MEGATRON_FLAGS = (("megatron_fsdp", "megatron.use_custom_fsdp"),
                    ("torch_fsdp2", "megatron.use_torch_fsdp2"))
 
-PATHS: Tuple[str, ...] = (LEGACY, "actor.kl_ctl") + tuple(
+# SchedulerConfig.type (areal/api/cli_args.py): the single-controller
+# scheduler. "local" and "slurm" start workers without Ray.
+SCHEDULER_TYPE = "scheduler.type"
+NOT_RAY_SCHEDULERS = ("local", "slurm")
+
+PATHS: Tuple[str, ...] = (LEGACY, "actor.kl_ctl", SCHEDULER_TYPE) + tuple(
     f"{role}.backend" for role in ROLES) + tuple(
     f"{role}.{key}" for role in TRAIN_ROLES for _, key in _MEGATRON_FLAGS) + SCHEDULING_SPECS
 
@@ -354,6 +360,16 @@ def _missing_backend(role: str) -> FieldValueError:
         "such as 'backnd' is not read)")
 
 
+def _warn_without_ray(config: Mapping[str, Any]) -> None:
+    present, scheduler = _lookup(config, SCHEDULER_TYPE)
+    if present and scheduler in NOT_RAY_SCHEDULERS:
+        warnings.warn(
+            f"{FIELD}: {SCHEDULER_TYPE} is {scheduler!r}: AReaL's {scheduler} scheduler "
+            "starts its workers without Ray, so no Ray runtime env reaches them and they keep "
+            f"AReaL's {VARIABLE}=1; run with scheduler.type=ray (or the Ray launcher) for "
+            "the field to apply", UserWarning, stacklevel=2)
+
+
 def _refuse_a_misspelt_section(config: Mapping[str, Any]) -> None:
     """A top-level key that is nearly a role name (``rolout:``) would leave
     that role out silently; AReaL's structured config refuses the key."""
@@ -414,6 +430,7 @@ def _user_values(config: Mapping[str, Any]) -> Dict[str, str]:
 def read_areal(config: Mapping[str, Any]) -> Spec:
     """Engines of an AReaL-layout config (a plain, resolved mapping)."""
     _refuse_a_misspelt_section(config)
+    _warn_without_ray(config)
     sections, omitted = _sections(config)
     legacy = _legacy(config)
     backends = _backends(sections, legacy)

@@ -116,6 +116,13 @@ def read_nemo_rl(config: Mapping[str, Any]) -> Spec:
         engine = _read_model(_lookup(config, path), path)
         if engine is not None:
             engines[role] = engine
+    if engines.get("reward_model", Engine("fsdp2", FSDP)).kind == MEGATRON:
+        # RewardModelEnvironment asserts dtensor_cfg.enabled
+        # (nemo_rl/environments/reward_model_environment.py).
+        raise FieldValueError(f"{FIELD}: env.reward_model.{MEGATRON_CFG}.enabled is true, but "
+                              "NeMo-RL's reward model environment runs only on DTensor: set "
+                              f"env.reward_model.{DTENSOR_CFG}.enabled true and "
+                              f"env.reward_model.{MEGATRON_CFG}.enabled false")
     engines.update(_read_teachers(config.get(TEACHERS)))
     if "policy" in engines:
         engines.update(_read_opd_teachers(config, engines["policy"]))
@@ -453,4 +460,10 @@ READER = Reader(
     roles=ROLES,
     paths=PATHS,
     compose=compose,
+    # examples/configs/evals/*.yaml (run_eval.py): a generation engine and no
+    # policy, so neither marker.
+    unsupported=((("eval", "generation"),
+                  "This looks like a NeMo-RL evaluation config (eval, generation), which "
+                  "no reader reads: write the compact form, e.g. {'engines': {'generation': "
+                  "{'strategy': 'vllm'}}} (docs/field.md)"),),
 )

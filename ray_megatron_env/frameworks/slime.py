@@ -257,6 +257,13 @@ def compose(path: str, loaded: Any) -> Optional[Any]:
     if not all(isinstance(arg, str) for arg in args):
         raise fail_type(path, "a list of slime's arguments (strings)", items)
     mapping = convert(args)
+    if mapping is None and args:
+        # A list of strings in a file is only ever read as slime's arguments.
+        raise FieldValueError(
+            f"{FIELD}: {path} holds a list of strings, which is read only as slime's "
+            "argument list, and it has none of slime's own options (e.g. "
+            f"{', '.join(sorted(_SLIME_OPTIONS)[:3])}): pass slime's whole train.py "
+            "argument list")
     return None if mapping is None else OmegaConf.create(mapping)
 
 
