@@ -411,3 +411,12 @@ def test_an_argument_list_file_without_slime_options_names_slime(tmp_path):
     with pytest.raises(FieldValueError, match=r"read only as slime's argument list, and it "
                                               r"has none of slime's own options"):
         load_spec(str(path))
+
+
+def test_per_role_overrides_in_a_megatron_config_path_are_warned_about():
+    # slime's tests/test_qwen3_4B_ppo.py passes --megatron-config-path with
+    # role: actor / role: critic override entries.
+    args = [*args_of(PPO), "--megatron-config-path", "/tmp/megatron_roles.yaml"]
+    with pytest.warns(UserWarning, match=r"megatron_config_path '/tmp/megatron_roles.yaml': "
+                                         r"its per-role overrides are not read"):
+        load_spec(args)
