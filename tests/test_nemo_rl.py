@@ -366,3 +366,13 @@ def test_an_eval_config_points_to_the_compact_form(tmp_path):
                     "cluster:\n  gpus_per_node: 1\n")
     with pytest.raises(FieldValueError, match=r"NeMo-RL evaluation config .* compact form"):
         load_spec(path)
+
+
+def test_role_messages_use_nemo_rls_own_terms():
+    with pytest.raises(FieldValueError) as info:
+        build_runtime_env(SFT, role="nope")
+    assert "teachers.<i>" in str(info.value) and "opd_teachers.<alias>" in str(info.value)
+    with pytest.raises(FieldValueError) as info:
+        build_runtime_env(SFT, role="value")
+    assert "not enabled in this nemo-rl config" in str(info.value)
+    assert "enable: false" not in str(info.value)
