@@ -10,14 +10,43 @@ critic) with an SGLang rollout asks nothing anywhere; TP=2 CP=2 asks 1 below
 compute capability 10.
 """
 
+import asyncio
+import contextlib
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
-cli_args = pytest.importorskip(
-    "areal.api.cli_args",
-    reason="AReaL is not installed; .ci/run installs areal 1.0.4 without its dependency tree")
+
+@contextlib.contextmanager
+def areal_contained():
+    """AReaL's getLogger (areal/utils/logging.py) swaps the root logger and
+    manager and runs dictConfig with disable_existing_loggers: every other
+    test's loggers and caplog would go quiet. Its cli_args module also runs
+    uvloop.install() on import, which sets asyncio's loop policy for the
+    whole process (and Ray's driver in later tests). Put everything back."""
+    policy = asyncio.get_event_loop_policy()
+    manager, root = logging.Logger.manager, logging.root
+    loggers = {name: (lg, lg.disabled, lg.level, list(lg.handlers), lg.propagate)
+               for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    root_state = (root.level, list(root.handlers), root.disabled)
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(policy)
+        logging.Logger.manager, logging.Logger.root, logging.root = manager, root, root
+        root.level, root.handlers[:], root.disabled = root_state[0], root_state[1], root_state[2]
+        for lg, disabled, level, handlers, propagate in loggers.values():
+            lg.disabled, lg.level, lg.propagate = disabled, level, propagate
+            lg.handlers[:] = handlers
+        manager._clear_cache()
+
+
+with areal_contained():
+    cli_args = pytest.importorskip(
+        "areal.api.cli_args",
+        reason="AReaL is not installed; .ci/run installs areal 1.0.4 without its dependency tree")
 
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -48,9 +77,13 @@ GOLDEN = {
 def areal_loads(path, config_class, *overrides):
     """What AReaL's load_expr_config does before it touches the file system:
     Hydra compose, merge onto the config class, then the dataclass object."""
-    raw, _ = cli_args.parse_cli_args(["--config", str(path), *overrides])
-    structured = cli_args.to_structured_cfg(raw, config_cls=config_class)
-    return raw, structured, OmegaConf.to_object(structured)
+    from hydra.core.global_hydra import GlobalHydra
+
+    with areal_contained():
+        raw, _ = cli_args.parse_cli_args(["--config", str(path), *overrides])
+        GlobalHydra.instance().clear()  # parse_cli_args leaves Hydra initialised
+        structured = cli_args.to_structured_cfg(raw, config_cls=config_class)
+        return raw, structured, OmegaConf.to_object(structured)
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN), ids=lambda p: p.name)
