@@ -319,9 +319,12 @@ class Spec:
                     f"{self.framework or 'the framework'} with this config ({omitted[role]})"
                 )
             if role not in present:
+                # verl's words where they apply; other layouts have no such keys.
+                why = ("absent, disabled with enable: false, or with no strategy or engine "
+                       "name set" if self.framework in (None, "verl", "verl-sft")
+                       else f"absent or not enabled in this {self.framework} config")
                 raise FieldValueError(
-                    f"{FIELD}: role {role!r} has no engine in this config (absent, "
-                    f"disabled with enable: false, or with no strategy or engine name set); roles "
+                    f"{FIELD}: role {role!r} has no engine in this config ({why}); roles "
                     f"with engines: {', '.join(self.roles()) or 'none'}"
                 )
         return Spec.of({role: present[role] for role in wanted}, framework=self.framework,

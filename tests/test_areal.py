@@ -272,7 +272,155 @@ def test_user_value_is_checked_and_named():
         parse_field(config)
 
 
-def test_dataset_scheduling_spec_counts_as_the_users_value():
+def test_a_users_one_in_a_dataset_scheduling_spec_keeps_every_one():
+    # A worker carrying "1" could be that dataset's: it is kept, not replaced.
     config = {"actor": {"backend": "fsdp:d2"},
-              "train_dataset": {"scheduling_spec": {"env_vars": {VARIABLE: "4"}}}}
+              "train_dataset": {"scheduling_spec": {"env_vars": {VARIABLE: "1"}}}}
     assert parse_field(config).replaces is None
+
+
+def test_a_users_other_value_in_one_role_leaves_areals_one_replaced_elsewhere():
+    # Issue 17, item 6: "8" only in actor.scheduling_spec. The actor's workers
+    # carry "8" (explicit, kept); the rollout's carry AReaL's "1" (replaced).
+    config = {"rollout": {"backend": "sglang:d4"},
+              "actor": {"backend": "fsdp:d4", "scheduling_spec": [
+                  {"task_type": "worker", "env_vars": {VARIABLE: "8"}}]}}
+    assert parse_field(config).replaces == "1"
+    rollout_worker = {VARIABLE: "1"}
+    decision = agent_on((9, 0)).apply(build_runtime_env(config), rollout_worker, {},
+                                      logging.getLogger("t"))
+    assert VARIABLE not in rollout_worker and decision.source != "explicit"
+    actor_worker = {VARIABLE: "8"}
+    decision = agent_on((9, 0)).apply(build_runtime_env(config), actor_worker, {},
+                                      logging.getLogger("t"))
+    assert actor_worker[VARIABLE] == "8" and decision.source == "explicit"
+
+
+# --- Broken sections: refused, never a role dropped ---------------------------------
+
+@pytest.mark.parametrize("config,key", [
+    ({"rollout": {"backend": "sglang:d4"}, "actor": {"backnd": "megatron:d2p1t2"}},
+     "actor.backend"),
+    ({"rollout": {"backend": "sglang:d4"}, "actor": {"backend": None}}, "actor.backend"),
+    ({"actor": {"backend": "megatron:d2p1t2"}, "rollout": {"backed": "sglang:d4"}},
+     "rollout.backend"),
+    ({"actor": {"backend": "fsdp:d2"}, "teacher": {"path": "x"}}, "teacher.backend"),
+])
+def test_a_section_without_its_backend_is_refused_naming_the_key(tmp_path, config, key):
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "config.yaml"
+    OmegaConf.save(OmegaConf.create(config), path)
+    for form in (config, str(path), OmegaConf.create(config)):
+        with pytest.raises(FieldValueError, match=rf"{key} is missing; AReaL requires it"):
+            build_runtime_env(form)
+
+
+def test_a_misspelt_rollout_section_is_refused():
+    config = {"actor": {"backend": "megatron:d2p1t2"}, "rolout": {"backend": "sglang:d4"}}
+    with pytest.raises(FieldValueError, match=r"'rolout' looks like AReaL's 'rollout'"):
+        build_runtime_env(config)
+
+
+def test_a_critic_section_without_a_backend_key_reads_alike_from_every_form(tmp_path):
+    # Issue 17, item 3: a critic named only in allocation_mode, its section
+    # holding no backend; and the documented empty-backend fallback.
+    from omegaconf import OmegaConf
+
+    configs = (
+        {"allocation_mode": "sglang:d2+megatron:d2t2|megatron[critic]:d2t2",
+         "critic": {"is_critic": True}},
+        {"actor": {"backend": "megatron:d2t2"}, "rollout": {"backend": "sglang:d2"},
+         "critic": {"is_critic": True}},
+    )
+    for config in configs:
+        path = tmp_path / "config.yaml"
+        OmegaConf.save(OmegaConf.create(config), path)
+        fields = [build_runtime_env(form) for form in
+                  (config, str(path), OmegaConf.create(config))]
+        assert fields[0]["megatron_env"]["engines"]["critic"] == {
+            "strategy": "megatron", "tensor_parallel": 2}
+        assert fields[1] == fields[0] and fields[2] == fields[0]
+
+
+def test_judge_engine_is_read_as_an_inference_engine():
+    # examples/search_agent/tongyi_deepresearch/config.yaml: judge_engine sglang:d1
+    assert engines({"actor": {"backend": "megatron:d2p2t1"},
+                    "rollout": {"backend": "sglang:d4"},
+                    "judge_engine": {"backend": "sglang:d1"}}) == {
+        "actor": "megatron TP=1 CP=1", "judge_engine": "sglang", "rollout": "sglang"}
+    with pytest.raises(FieldValueError, match=r"judge_engine\.backend .*training backend"):
+        parse_field({"actor": {"backend": "fsdp:d2"}, "judge_engine": {"backend": "fsdp:d1"}})
+
+
+def test_a_missing_actor_backend_is_named_before_what_falls_back_to_it():
+    config = {"rollout": {"backend": "sglang:d4"}, "actor": {"backnd": "megatron:d2t2"},
+              "critic": {"backend": ""}}
+    with pytest.raises(FieldValueError, match=r"actor\.backend is missing"):
+        parse_field(config)
+
+
+def test_an_interpolation_to_a_misspelt_backend_names_the_cause(tmp_path):
+    # As AReaL's examples write it: ref.backend: ${actor.backend}.
+    path = tmp_path / "config.yaml"
+    path.write_text("rollout:\n  backend: sglang:d4\nactor:\n  backnd: megatron:d2t2\n"
+                    "  kl_ctl: 0.1\nref:\n  backend: ${actor.backend}\n")
+    with pytest.raises(FieldValueError) as info:
+        build_runtime_env(str(path))
+    assert str(info.value).startswith("megatron_env: actor.backend is missing")
+    assert "cannot resolve ref.backend" in str(info.value)
+
+
+def test_a_config_dataclass_is_read_like_a_mapping_without_touching_other_fields():
+    # The shape AReaL's load_expr_config returns (GRPOConfig: nested engine
+    # dataclasses, SchedulingSpec lists, a None critic), with a field that
+    # cannot become JSON where no reader looks.
+    import dataclasses
+    import json
+    from typing import Any, List, Optional
+
+    @dataclasses.dataclass
+    class SchedulingSpec:
+        env_vars: dict = dataclasses.field(default_factory=dict)
+
+    @dataclasses.dataclass
+    class Engine:
+        backend: str = ""
+        kl_ctl: float = 0.1
+        scheduling_spec: List[SchedulingSpec] = dataclasses.field(default_factory=list)
+        tokenizer: Any = dataclasses.field(default_factory=object)
+
+    @dataclasses.dataclass
+    class Config:
+        experiment_name: str = "x"
+        allocation_mode: str = ""
+        actor: Engine = dataclasses.field(default_factory=lambda: Engine("megatron:d2t2"))
+        rollout: Engine = dataclasses.field(default_factory=lambda: Engine("sglang:d4"))
+        ref: Optional[Engine] = dataclasses.field(default_factory=lambda: Engine(""))
+        critic: Optional[Engine] = None
+
+    as_dict = {"experiment_name": "x", "allocation_mode": "",
+               "actor": {"backend": "megatron:d2t2"}, "rollout": {"backend": "sglang:d4"},
+               "ref": {"backend": ""}, "critic": None}
+    env = build_runtime_env(Config())
+    assert env == build_runtime_env(as_dict)
+    assert env["megatron_env"]["engines"] == {
+        "actor": {"strategy": "megatron", "tensor_parallel": 2},
+        "ref": {"strategy": "megatron", "tensor_parallel": 2},
+        "rollout": {"strategy": "sglang"}}
+    json.dumps(env)
+    user = Config()
+    user.actor.scheduling_spec = [SchedulingSpec({VARIABLE: "1"})]
+    assert build_runtime_env(user)["megatron_env"].get("replaces") is None
+
+
+@pytest.mark.parametrize("scheduler", ["local", "slurm"])
+def test_a_scheduler_without_ray_is_warned_about(scheduler):
+    config = {"actor": {"backend": "fsdp:d2"}, "scheduler": {"type": scheduler}}
+    with pytest.warns(UserWarning, match=rf"scheduler\.type is '{scheduler}'"):
+        build_runtime_env(config)
+
+
+def test_the_ray_scheduler_is_not_warned_about(recwarn):
+    build_runtime_env({"actor": {"backend": "fsdp:d2"}, "scheduler": {"type": "ray"}})
+    assert not [w for w in recwarn if "scheduler.type" in str(w.message)]

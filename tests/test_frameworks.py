@@ -56,3 +56,56 @@ def test_a_namespace_keeps_only_what_readers_read():
 def test_a_list_that_is_no_frameworks_arguments_is_refused():
     with pytest.raises(FieldValueError, match="read only as a framework's command-line"):
         to_mapping(["--not-a-known-flag", "3"])
+
+
+# --- The same message from a file, a DictConfig and a dict --------------------------
+
+# A NeMo-RL sft.yaml (examples/configs/sft.yaml: top-level sft, policy, data,
+# logger, cluster, checkpointing) with `policy:` misspelt, and the verl
+# example docs/frameworks.md prints, both written as files.
+NEMO_RL_POLCY = """\
+sft:
+  max_num_epochs: 1
+polcy:
+  model_name: meta-llama/Llama-3.2-1B
+  dtensor_cfg:
+    enabled: true
+data:
+  max_input_seq_length: 1024
+logger:
+  log_dir: logs
+cluster:
+  gpus_per_node: 8
+  num_nodes: 1
+checkpointing:
+  enabled: false
+"""
+VERL_REFF = """\
+actor_rollout_reff:
+  actor:
+    strategy: fsdp
+"""
+
+
+@pytest.mark.parametrize("text,keys,hint", [
+    (NEMO_RL_POLCY, "Its top-level keys: checkpointing, cluster, data, logger, polcy, sft",
+     "Misspelt? 'polcy' looks like nemo-rl's 'policy'"),
+    (VERL_REFF, "Its top-level keys: actor_rollout_reff",
+     "Misspelt? 'actor_rollout_reff' looks like verl's 'actor_rollout_ref'"),
+])
+def test_an_unknown_file_or_dictconfig_is_described_by_its_real_keys(tmp_path, text, keys,
+                                                                      hint):
+    from omegaconf import OmegaConf
+
+    from ray_megatron_env.explanation import explain
+    from ray_megatron_env.runtime_env import build_runtime_env
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    forms = (str(path), OmegaConf.create(text), OmegaConf.to_container(OmegaConf.create(text)))
+    for form in forms:
+        with pytest.raises(FieldValueError) as info:
+            build_runtime_env(form)
+        assert keys in str(info.value) and hint in str(info.value), form
+    with pytest.raises(FieldValueError, match=hint.replace("?", r"\?")):
+        explain(str(path), gpus="9.0")

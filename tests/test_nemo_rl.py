@@ -28,6 +28,9 @@ PPO = CONFIGS / "ppo_math_1B_megatron.yaml"
 MCORE_GEN_COLOCATED = CONFIGS / "recipes" / "llm" / "grpo-1b-megatron_generation.yaml"
 MCORE_GEN_SEPARATE = CONFIGS / "recipes" / "llm" / "grpo-1b-megatron_generation-noncolocated.yaml"
 OVERRIDE = CONFIGS / "gdpo_override.yaml"
+MEGATRON_SGLANG = CONFIGS / "grpo_math_1B_megatron_sglang.yaml"
+OPD_TEACHERS = CONFIGS / "recipes" / "llm" / "mopd-megatron-noncolocated-teachers.yaml"
+MCORE_GEN_DEDICATED = CONFIGS / "recipes" / "llm" / "grpo-1b-megatron_generation-dedicated.yaml"
 GPUS = ("8.0", "9.0", "10.0", "9.0,10.0")
 
 # The golden table, by hand from docs/rules.md. Megatron TP or CP > 1 asks
@@ -167,8 +170,9 @@ def test_inference_backends(backend, strategy):
     spec, _ = load_spec(config)
     generation = dict(spec.engines)["generation"]
     assert (generation.strategy, generation.kind) == (strategy, INFERENCE)
-    # Only vLLM's workers carry a variable NeMo-RL sets for them alone.
-    assert bool(spec.processes) == (backend == "vllm")
+    # vLLM workers and SGLang engine actors carry a variable NeMo-RL sets for
+    # them alone; TRT-LLM's and Dynamo's workers carry none.
+    assert bool(spec.processes) == (backend in ("vllm", "sglang"))
 
 
 def test_registered_and_detected_without_colliding_with_verl():
@@ -286,3 +290,89 @@ def test_worker_env_vars_in_the_config_are_not_read():
     # megatron_cfg.env_vars reach the workers' runtime_env env_vars; the
     # plugin sees a CUDA_DEVICE_MAX_CONNECTIONS there as the user's own.
     assert engines(RECIPE)["policy"].startswith("megatron TP=2 CP=2")
+
+
+# --- Issue 17: SGLang engine actors, OPD teachers, a dedicated inference model -----
+
+def test_sglang_engine_actors_are_told_apart_from_the_megatron_policy():
+    # Megatron TP=2 policy: 1 below major 10. SGLang (inference) asks "not 1":
+    # its engine actors carry SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK=true
+    # (sglang_generation.py) and get nothing set; everything else gets 1.
+    sglang_actor = {"SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true"}
+    engine = explain(MEGATRON_SGLANG, "9.0", worker_env=sglang_actor)
+    assert engine.value is None and "generation process" in engine.reason
+    assert explain(MEGATRON_SGLANG, "9.0").value == "1"  # a policy worker
+    assert explain(MEGATRON_SGLANG, "10.0").value is None
+    assert build_runtime_env(MEGATRON_SGLANG)["megatron_env"]["processes"] == [
+        {"roles": ["generation"], "variable": "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK",
+         "prefix": "true"}]
+
+
+def test_non_colocated_opd_teachers_are_read_once_per_checkpoint():
+    assert engines(OPD_TEACHERS) == {
+        "policy": "megatron TP=2 CP=1 checked by megatron-bridge",
+        "generation": "vllm",
+        "opd_teachers.default_teacher": "megatron TP=1 CP=1 checked by megatron-bridge",
+        "opd_teachers.code_teacher": "megatron TP=4 CP=1 checked by megatron-bridge",
+    }
+    # The TP=4 teacher asks 1 on its own (its worker group has no marker).
+    spec = build_runtime_env(OPD_TEACHERS, role="opd_teachers.code_teacher")
+    assert explain(spec["megatron_env"], "9.0").value == "1"
+
+
+def test_opd_teachers_are_not_read_unless_both_switches_are_on():
+    config = _plain(OPD_TEACHERS)
+    config["on_policy_distillation"]["non_colocated_teachers"]["enabled"] = False
+    assert not any(role.startswith("opd_teachers") for role in engines(config))
+    config = _plain(OPD_TEACHERS)
+    config["on_policy_distillation"]["enabled"] = False
+    assert not any(role.startswith("opd_teachers") for role in engines(config))
+
+
+def test_a_bad_opd_teacher_size_names_its_key():
+    config = _plain(OPD_TEACHERS)
+    config["on_policy_distillation"]["non_colocated_teachers"]["teacher_overrides"][
+        "code_teacher"]["tensor_model_parallel_size"] = 0
+    with pytest.raises(FieldValueError, match=r"teacher_overrides\.code_teacher\."
+                                              r"tensor_model_parallel_size"):
+        load_spec(config)
+
+
+def test_colocated_megatron_generation_with_its_own_layout_is_read():
+    # TP=1 training, TP=2 inference model in the same workers: 1 below 10.
+    assert engines(MCORE_GEN_DEDICATED) == {
+        "policy": "megatron TP=1 CP=1 checked by megatron-bridge",
+        "generation": "megatron TP=2 CP=1 checked by megatron-bridge",
+    }
+    assert [explain(MCORE_GEN_DEDICATED, gpus).value for gpus in GPUS] == ["1", "1", None, "1"]
+
+
+def test_a_megatron_reward_model_environment_is_refused():
+    config = _plain(DTENSOR)
+    config["env"] = {"reward_model": {"megatron_cfg": {
+        "enabled": True, "tensor_model_parallel_size": 1, "context_parallel_size": 1,
+        "expert_model_parallel_size": 1}, "dtensor_cfg": {"enabled": False}}}
+    with pytest.raises(FieldValueError, match=r"env\.reward_model\.megatron_cfg\.enabled is "
+                                              r"true, but .* only on DTensor"):
+        load_spec(config)
+
+
+def test_an_eval_config_points_to_the_compact_form(tmp_path):
+    # examples/configs/evals/eval.yaml's top level: eval, generation, tokenizer,
+    # data, env, cluster.
+    path = tmp_path / "eval.yaml"
+    path.write_text("eval:\n  num_tests_per_prompt: 1\ngeneration:\n  backend: vllm\n"
+                    "tokenizer:\n  name: x\ndata:\n  max_input_seq_length: 1\nenv: {}\n"
+                    "cluster:\n  gpus_per_node: 1\n")
+    with pytest.raises(FieldValueError, match=r"NeMo-RL evaluation config .* compact form"):
+        load_spec(path)
+
+
+def test_role_messages_use_nemo_rls_own_terms():
+    with pytest.raises(FieldValueError) as info:
+        build_runtime_env(SFT, role="nope")
+    assert "teachers.<i>" in str(info.value) and "opd_teachers.<alias>" in str(info.value)
+    with pytest.raises(FieldValueError) as info:
+        build_runtime_env(SFT, role="value")
+    assert "not enabled in this nemo-rl config" in str(info.value)
+    assert "enable: false" not in str(info.value)

@@ -402,3 +402,21 @@ def test_runtime_env_usage_errors_exit_2(capsys, argv, words):
 def test_other_verbs_keep_their_double_dash(capsys):
     code, out, _ = run(capsys, "explain", "--gpus", "9.0", "--", QWEN3_4B)
     assert code == 0 and "CUDA_DEVICE_MAX_CONNECTIONS: 1" in out
+
+
+def test_an_argument_list_file_without_slime_options_names_slime(tmp_path):
+    # Megatron-LM's options alone are any Megatron-LM script's, not slime's.
+    path = tmp_path / "args.json"
+    path.write_text('["--tensor-model-parallel-size", "2", "--seq-length", "4096"]')
+    with pytest.raises(FieldValueError, match=r"read only as slime's argument list, and it "
+                                              r"has none of slime's own options"):
+        load_spec(str(path))
+
+
+def test_per_role_overrides_in_a_megatron_config_path_are_warned_about():
+    # slime's tests/test_qwen3_4B_ppo.py passes --megatron-config-path with
+    # role: actor / role: critic override entries.
+    args = [*args_of(PPO), "--megatron-config-path", "/tmp/megatron_roles.yaml"]
+    with pytest.warns(UserWarning, match=r"megatron_config_path '/tmp/megatron_roles.yaml': "
+                                         r"its per-role overrides are not read"):
+        load_spec(args)

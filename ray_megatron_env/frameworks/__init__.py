@@ -35,6 +35,9 @@ class Reader:
     # A YAML file whose layout composes several files (NeMo-RL's defaults:
     # chain): (path, the file as loaded) -> the composed config, or None.
     compose: Optional[Callable[[str, Any], Optional[Any]]] = None
+    # Layouts of this framework that no reader reads: (top-level keys that
+    # all say "this layout", what to do instead), for the unknown-layout error.
+    unsupported: Tuple[Tuple[Tuple[str, ...], str], ...] = ()
 
     def evidence(self, config: Mapping[str, Any]) -> Tuple[str, ...]:
         return tuple(marker for marker in self.markers if has_path(config, marker))
@@ -77,11 +80,14 @@ def reader_for(config: Mapping[str, Any]) -> Reader:
                 hints.append(f"{close[0]!r} looks like {reader.name}'s {root!r}")
     looked_for = "; ".join(f"{reader.name}: one of {', '.join(reader.markers)}"
                            for reader, _ in candidates)
+    known = [advice for reader, _ in candidates for keys_of, advice in reader.unsupported
+             if all(key in config for key in keys_of)]
     raise FieldValueError(
         f"{FIELD}: the value is neither the compact form (with 'engines') nor a known "
         f"framework's config. Looked for {looked_for}. Its top-level keys: "
         f"{', '.join(keys[:8]) or 'none'}{'...' if len(keys) > 8 else ''}"
         + (f". Misspelt? {'; '.join(dict.fromkeys(hints))}" if hints else "")
+        + (f". {' '.join(known)}" if known else "")
     )
 
 

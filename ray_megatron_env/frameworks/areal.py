@@ -18,7 +18,9 @@ config sets the variable in a ``scheduling_spec``'s ``env_vars``.
 
 from __future__ import annotations
 
+import difflib
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -31,7 +33,16 @@ from . import Reader
 
 FRAMEWORK = "areal"
 TRAIN_ROLES = ("actor", "critic", "ref", "teacher")
-ROLES = TRAIN_ROLES + ("rollout",)
+# judge_engine: an InferenceEngineConfig in an example's own config class
+# (examples/search_agent/tongyi_deepresearch/config.py:29), started by its
+# train.py as a second rollout controller (role="judge_engine").
+INFER_ROLES = ("rollout", "judge_engine")
+ROLES = TRAIN_ROLES + INFER_ROLES
+# Roles whose backend has no fallback: AReaL declares ``backend`` MISSING
+# (required) in TrainEngineConfig and InferenceEngineConfig
+# (areal/api/cli_args.py:1203, 2171), so its loader refuses a config
+# without one. critic and ref fall back to the actor's (below).
+REQUIRED_BACKEND = ("actor", "teacher") + INFER_ROLES
 LEGACY = "allocation_mode"
 
 # Backend -> kind. Archon is AReaL's PyTorch-native engine modelled on
@@ -62,7 +73,12 @@ SCHEDULING_SPECS = tuple(f"{role}.scheduling_spec" for role in ROLES) + (
 _MEGATRON_FLAGS = (("megatron_fsdp", "megatron.use_custom_fsdp"),
                    ("torch_fsdp2", "megatron.use_torch_fsdp2"))
 
-PATHS: Tuple[str, ...] = (LEGACY, "actor.kl_ctl") + tuple(
+# SchedulerConfig.type (areal/api/cli_args.py): the single-controller
+# scheduler. "local" and "slurm" start workers without Ray.
+SCHEDULER_TYPE = "scheduler.type"
+NOT_RAY_SCHEDULERS = ("local", "slurm")
+
+PATHS: Tuple[str, ...] = (LEGACY, "actor.kl_ctl", SCHEDULER_TYPE) + tuple(
     f"{role}.backend" for role in ROLES) + tuple(
     f"{role}.{key}" for role in TRAIN_ROLES for _, key in _MEGATRON_FLAGS) + SCHEDULING_SPECS
 
@@ -300,28 +316,69 @@ def _sections(config: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str]
     return sections, omitted
 
 
-def _backends(sections: Mapping[str, Any], legacy_actor: Optional[Tuple[Allocation, str]]
+def _backends(sections: Mapping[str, Any], legacy: Mapping[str, Tuple[Allocation, str]]
               ) -> Dict[str, Tuple[Allocation, str]]:
     """Role -> (parsed per-engine backend, the key it came from)."""
     out: Dict[str, Tuple[Allocation, str]] = {}
-    for role in ("actor", "rollout", "teacher", "critic", "ref"):
+    for role in ("actor", "rollout", "judge_engine", "teacher", "critic", "ref"):
         if role not in sections:
             continue
         key = f"{role}.backend"
         text = sections[role].get("backend")
-        if text in (None, "", "???") and role in ("critic", "ref"):
+        if text in (None, "", "???") and role in ("critic", "ref") and role not in legacy:
             # Documented: an empty critic/ref backend is the actor's
             # (docs/en/reference/alloc_mode.md, "falls back to actor.backend").
-            actor = out.get("actor", legacy_actor)
+            actor = out.get("actor", legacy.get("actor"))
+            if actor is None and "actor" in sections:
+                raise _missing_backend("actor")
             if actor is None:
                 raise FieldValueError(f"{FIELD}: {key} is empty, so it would be actor.backend, "
                                       "which is not set either")
             out[role] = actor
             continue
-        if text in (None, "???"):
-            continue  # not declared here; allocation_mode may declare it
+        if text in (None, "", "???"):
+            continue  # not declared here; allocation_mode may declare it (checked below)
         out[role] = (parse_backend(text, key), key)
     return out
+
+
+def _refuse_a_missing_backend(sections: Mapping[str, Any],
+                              backends: Mapping[str, Tuple[Allocation, str]]) -> None:
+    """A section AReaL creates but with no backend: AReaL's loader refuses it
+    (``backend`` is MISSING), so it is an error here too, never a role
+    silently dropped."""
+    for role in REQUIRED_BACKEND:
+        if role in sections and role not in backends:
+            raise _missing_backend(role)
+
+
+def _missing_backend(role: str) -> FieldValueError:
+    example = "'sglang:d4t1'" if role in INFER_ROLES else "'megatron:d2p1t2'"
+    return FieldValueError(
+        f"{FIELD}: {role}.backend is missing; AReaL requires it (a MISSING field of "
+        f"its engine config): set {role}.backend, e.g. {example} (a misspelt key "
+        "such as 'backnd' is not read)")
+
+
+def _warn_without_ray(config: Mapping[str, Any]) -> None:
+    present, scheduler = _lookup(config, SCHEDULER_TYPE)
+    if present and scheduler in NOT_RAY_SCHEDULERS:
+        warnings.warn(
+            f"{FIELD}: {SCHEDULER_TYPE} is {scheduler!r}: AReaL's {scheduler} scheduler "
+            "starts its workers without Ray, so no Ray runtime env reaches them and they keep "
+            f"AReaL's {VARIABLE}=1; run with scheduler.type=ray (or the Ray launcher) for "
+            "the field to apply", UserWarning, stacklevel=2)
+
+
+def _refuse_a_misspelt_section(config: Mapping[str, Any]) -> None:
+    """A top-level key that is nearly a role name (``rolout:``) would leave
+    that role out silently; AReaL's structured config refuses the key."""
+    for key in map(str, config):
+        close = difflib.get_close_matches(key, ROLES, n=1, cutoff=0.75)
+        if close and close[0] != key:
+            raise FieldValueError(
+                f"{FIELD}: the top-level key {key!r} looks like AReaL's {close[0]!r}; "
+                f"AReaL's engine sections are {', '.join(ROLES)}: rename it")
 
 
 def _legacy(config: Mapping[str, Any]) -> Dict[str, Tuple[Allocation, str]]:
@@ -344,9 +401,9 @@ def _legacy(config: Mapping[str, Any]) -> Dict[str, Tuple[Allocation, str]]:
     return out
 
 
-def _user_sets_variable(config: Mapping[str, Any]) -> List[str]:
-    """Keys where the config itself sets the variable for some workers."""
-    keys = []
+def _user_values(config: Mapping[str, Any]) -> Dict[str, str]:
+    """Key -> value, where the config itself sets the variable for some workers."""
+    keys: Dict[str, str] = {}
     for path in SCHEDULING_SPECS:
         present, specs = _lookup(config, path)
         if not present or specs is None:
@@ -366,15 +423,17 @@ def _user_sets_variable(config: Mapping[str, Any]) -> List[str]:
             if VARIABLE in env_vars:
                 key = f"{where}.env_vars.{VARIABLE}"
                 parse_connections(env_vars[VARIABLE], key)
-                keys.append(key)
+                keys[key] = env_vars[VARIABLE]
     return keys
 
 
 def read_areal(config: Mapping[str, Any]) -> Spec:
     """Engines of an AReaL-layout config (a plain, resolved mapping)."""
+    _refuse_a_misspelt_section(config)
+    _warn_without_ray(config)
     sections, omitted = _sections(config)
     legacy = _legacy(config)
-    backends = _backends(sections, legacy.get("actor"))
+    backends = _backends(sections, legacy)
     for role, (found, where) in legacy.items():
         if role != "rollout" and role != "actor" and role not in sections:
             continue  # that section is absent or not created, so neither is the engine
@@ -388,11 +447,20 @@ def read_areal(config: Mapping[str, Any]) -> Spec:
                     f"{LEGACY}: make them agree, or drop the deprecated {LEGACY}")
             continue
         backends[role] = (found, LEGACY)
+    _refuse_a_missing_backend(sections, backends)
     engines = {role: _engine(config, role, found, key)
                for role, (found, key) in backends.items()}
     return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
                    processes=_process_rules(engines),
-                   replaces=None if _user_sets_variable(config) else AREAL_VALUE)
+                   replaces=_replaces(_user_values(config)))
+
+
+def _replaces(user_values: Mapping[str, str]) -> Optional[str]:
+    """AReaL's own "1" is decided anew, unless the user also wrote "1" in some
+    scheduling_spec: a worker carrying "1" could then be theirs, and is kept.
+    Any other value of theirs differs from AReaL's, so it stays explicit on
+    its own workers while AReaL's "1" on every other worker is still replaced."""
+    return None if AREAL_VALUE in user_values.values() else AREAL_VALUE
 
 
 def _process_rules(engines: Mapping[str, Engine]) -> Tuple[ProcessRule, ...]:

@@ -15,6 +15,7 @@ because it never changes what the workers run.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
@@ -38,7 +39,8 @@ SECTIONS: Tuple[Tuple[str, str], ...] = (
 # Cross-tokenizer distillation's list of teachers; entry i is role "teachers.i".
 TEACHERS = "teachers"
 GENERATION = "generation"
-ROLES = ("policy", GENERATION, "teacher", "value", "reward_model")
+ROLES = ("policy", GENERATION, "teacher", "value", "reward_model", "teachers.<i>",
+         "opd_teachers.<alias>")
 
 MEGATRON_CFG = "megatron_cfg"
 DTENSOR_CFG = "dtensor_cfg"
@@ -73,6 +75,23 @@ MCORE_GENERATION = "mcore_generation_config"
 # vLLM worker's runtime_env env_vars, after the driver's environment, and
 # nothing else in NeMo-RL sets it. vLLM's own Ray TP workers inherit it.
 VLLM_MARKER = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# SGLang engine actors: ``SGLangGeneration`` (``nemo_rl/models/generation/
+# sglang/sglang_generation.py``, the env_vars of each engine actor's
+# runtime_env) puts this in, "true" unless the driver's own environment
+# holds another value; no other NeMo-RL process has it.
+SGLANG_MARKER = ("SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK", "true")
+GENERATION_MARKERS = {"vllm": VLLM_MARKER, "sglang": SGLANG_MARKER}
+
+# On-policy distillation's non-colocated teachers (``nemo_rl/algorithms/
+# opd.py``, ``nemo_rl/models/policy/teacher_worker_group.py``): one Megatron
+# worker group per distinct teacher model, sized by default_teacher_cfg with
+# teacher_overrides[alias] on top; entry alias is role "opd_teachers.<alias>".
+OPD = "on_policy_distillation"
+OPD_TEACHERS = "opd_teachers"
+# TeacherResourceConfig's sizes and their defaults (all 1).
+_OPD_SIZES = (("tensor_parallel", "tensor_model_parallel_size"),
+              ("context_parallel", "context_parallel_size"),
+              ("expert_parallel", "expert_model_parallel_size"))
 
 
 def _section_paths(path: str) -> Tuple[str, ...]:
@@ -90,6 +109,8 @@ PATHS: Tuple[str, ...] = (
     *(f"policy.generation.{MCORE_GENERATION}.{key}" for key in _MEGATRON_KEYS[1:]),
     # Shallow-merged: a model_overrides here replaces the policy's whole.
     f"policy.generation.{MCORE_GENERATION}.model_overrides",
+    f"policy.{MEGATRON_CFG}.model_overrides",
+    OPD,
 )
 
 
@@ -100,7 +121,16 @@ def read_nemo_rl(config: Mapping[str, Any]) -> Spec:
         engine = _read_model(_lookup(config, path), path)
         if engine is not None:
             engines[role] = engine
+    if engines.get("reward_model", Engine("fsdp2", FSDP)).kind == MEGATRON:
+        # RewardModelEnvironment asserts dtensor_cfg.enabled
+        # (nemo_rl/environments/reward_model_environment.py).
+        raise FieldValueError(f"{FIELD}: env.reward_model.{MEGATRON_CFG}.enabled is true, but "
+                              "NeMo-RL's reward model environment runs only on DTensor: set "
+                              f"env.reward_model.{DTENSOR_CFG}.enabled true and "
+                              f"env.reward_model.{MEGATRON_CFG}.enabled false")
     engines.update(_read_teachers(config.get(TEACHERS)))
+    if "policy" in engines:
+        engines.update(_read_opd_teachers(config, engines["policy"]))
     omitted: Dict[str, str] = {}
     generation = None
     if "policy" in engines:
@@ -110,10 +140,11 @@ def read_nemo_rl(config: Mapping[str, Any]) -> Spec:
     if generation is not None:
         engine, backend = generation
         engines[GENERATION] = engine
-        if backend == "vllm":
-            # Only vLLM workers carry a marker NeMo-RL itself sets; every
-            # other process (training ranks and helpers) runs the other roles.
-            processes = (ProcessRule((GENERATION,), *VLLM_MARKER),)
+        if backend in GENERATION_MARKERS:
+            # Only vLLM workers and SGLang engine actors carry a marker
+            # NeMo-RL itself sets; every other process (training ranks and
+            # helpers) runs the other roles.
+            processes = (ProcessRule((GENERATION,), *GENERATION_MARKERS[backend]),)
             others = tuple(sorted(role for role in engines if role != GENERATION))
     return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
                    processes=processes, others=others)
@@ -246,17 +277,78 @@ def _read_generation(config: Mapping[str, Any], policy: Engine,
                               "Megatron model")
     colocated_key = "policy.generation.colocated.enabled"
     colocated = read_flag(_lookup(config, colocated_key), colocated_key)
-    if colocated:
-        # MegatronGeneration wraps the training Policy: no process of its own.
-        omitted[GENERATION] = ("backend megatron, colocated: generation runs inside the "
-                               "policy's Megatron workers")
-        return None
     over = generation.get(MCORE_GENERATION)
     over_path = f"policy.generation.{MCORE_GENERATION}"
     if over is not None and not isinstance(over, Mapping):
         raise fail_type(over_path, "a mapping", over)
     cfg = config["policy"][MEGATRON_CFG]
-    return _megatron_engine(cfg, f"policy.{MEGATRON_CFG}", over, over_path), backend
+    inference = _megatron_engine(cfg, f"policy.{MEGATRON_CFG}", over, over_path)
+    if not colocated:
+        return inference, backend
+    # Colocated: MegatronGeneration generates with the training model, unless
+    # the merged inference layout differs (CP pinned to 1); then each policy
+    # worker builds a second, dedicated model from it (``dedicated_inference_
+    # megatron_cfg``, nemo_rl/models/generation/megatron/config.py). Either
+    # way it runs in the policy's processes.
+    inference = replace(inference, context_parallel=1)
+    if (inference.tensor_parallel, inference.expert_parallel, policy.context_parallel) \
+            == (policy.tensor_parallel, policy.expert_parallel, 1):
+        omitted[GENERATION] = ("backend megatron, colocated: generation runs inside the "
+                               "policy's Megatron workers")
+        return None
+    return inference, backend
+
+
+def _read_opd_teachers(config: Mapping[str, Any], policy: Engine) -> Dict[str, Engine]:
+    """The Megatron teachers of on-policy distillation with non-colocated
+    teachers, one per distinct teacher model, as NeMo-RL builds them."""
+    opd = _lookup(config, OPD)
+    if opd is None:
+        return {}
+    if not isinstance(opd, Mapping):
+        raise fail_type(OPD, "a mapping", opd)
+    enabled = opd.get("enabled")
+    non_coloc = opd.get("non_colocated_teachers")
+    where = f"{OPD}.non_colocated_teachers"
+    if enabled is None or not read_flag(enabled, f"{OPD}.enabled") or non_coloc is None:
+        return {}  # is_non_colocated_teachers_enabled: both must be true
+    if not isinstance(non_coloc, Mapping):
+        raise fail_type(where, "a mapping", non_coloc)
+    flag = non_coloc.get("enabled")
+    if flag is None or not read_flag(flag, f"{where}.enabled"):
+        return {}
+    default = non_coloc.get("default_teacher_cfg") or {}
+    overrides = non_coloc.get("teacher_overrides") or {}
+    models = opd.get("teacher_model_by_agent_name") or {}
+    for value, key in ((default, f"{where}.default_teacher_cfg"),
+                       (overrides, f"{where}.teacher_overrides"),
+                       (models, f"{OPD}.teacher_model_by_agent_name")):
+        if not isinstance(value, Mapping):
+            raise fail_type(key, "a mapping", value)
+    dedupe = opd.get("deduplicate_shared_teacher_checkpoints")
+    dedupe = True if dedupe is None else read_flag(
+        dedupe, f"{OPD}.deduplicate_shared_teacher_checkpoints")
+    engines: Dict[str, Engine] = {}
+    seen = set()
+    for alias, model in models.items():
+        if dedupe and model in seen:
+            continue  # one worker group serves every alias of that checkpoint
+        seen.add(model)
+        role = f"{OPD_TEACHERS}.{read_name(alias, f'{OPD}.teacher_model_by_agent_name (an alias)')}"
+        override = overrides.get(alias) or {}
+        if not isinstance(override, Mapping):
+            raise fail_type(f"{where}.teacher_overrides.{alias}", "a mapping", override)
+        sizes = {}
+        for name, key in _OPD_SIZES:
+            source, path = ((override, f"{where}.teacher_overrides.{alias}") if key in override
+                            else (default, f"{where}.default_teacher_cfg"))
+            value = source.get(key)
+            sizes[name] = 1 if value is None else read_size(value, f"{path}.{key}")
+        # The teacher's megatron_cfg is the policy's with these sizes set
+        # (TeacherWorkerGroup), so the policy's MoE overlap flag carries over.
+        engines[role] = Engine(MEGATRON, MEGATRON, moe_overlap=policy.moe_overlap,
+                               checks=(MEGATRON_BRIDGE_CHECK,), **sizes)
+    return engines
 
 
 # ---------------------------------------------------------------- composition
@@ -386,4 +478,10 @@ READER = Reader(
     roles=ROLES,
     paths=PATHS,
     compose=compose,
+    # examples/configs/evals/*.yaml (run_eval.py): a generation engine and no
+    # policy, so neither marker.
+    unsupported=((("eval", "generation"),
+                  "This looks like a NeMo-RL evaluation config (eval, generation), which "
+                  "no reader reads: write the compact form, e.g. {'engines': {'generation': "
+                  "{'strategy': 'vllm'}}} (docs/field.md)"),),
 )

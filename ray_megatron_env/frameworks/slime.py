@@ -31,6 +31,7 @@ Three things decide what it returns:
 from __future__ import annotations
 
 import argparse
+import warnings
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
@@ -98,6 +99,7 @@ _OPTIONS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("sglang_config", "--sglang-config", {"default": None}),
     ("advantage_estimator", "--advantage-estimator", {"default": "grpo"}),
     ("num_rollout", "--num-rollout", {"type": int, "default": None}),
+    ("megatron_config_path", "--megatron-config-path", {"default": None}),
     # Megatron-LM (megatron/training/arguments.py)
     ("tensor_model_parallel_size", "--tensor-model-parallel-size", {"type": int, "default": 1}),
     ("context_parallel_size", "--context-parallel-size", {"type": int, "default": 1}),
@@ -136,6 +138,7 @@ def read_slime(config: Mapping[str, Any]) -> Spec:
             omitted[role] = "debug_rollout_only: slime starts no train actors"
     else:
         train = _train_engine(config)
+        _warn_about_role_overrides(config)
         engines["actor"] = train
         if _uses_critic(config):
             # The critic is built from a copy of the same arguments
@@ -186,6 +189,21 @@ def _train_engine(config: Mapping[str, Any]) -> Engine:
     # parse_args runs Megatron-LM's validate_args for this backend (the
     # debug_rollout_only case never gets here).
     return Engine(backend, kind, checks=(MEGATRON_LM_CHECK,), **settings)
+
+
+def _warn_about_role_overrides(config: Mapping[str, Any]) -> None:
+    """``--megatron-config-path`` names a YAML of per-role overrides that
+    slime applies to copies of the arguments for the actor and the critic
+    train groups (``parse_megatron_role_args``, slime/utils/arguments.py;
+    slime/ray/placement_group.py). That file is not read here."""
+    path = config.get("megatron_config_path")
+    if path is None:
+        return
+    warnings.warn(
+        f"{FIELD}: megatron_config_path {path!r}: its per-role overrides are not read; both "
+        "train roles are read from the base arguments (those validate_args checks). If an "
+        "override changes a role's tensor/context/expert parallel size or FSDP, write that "
+        "role's engine in the compact form (docs/field.md)", UserWarning, stacklevel=2)
 
 
 def _uses_critic(config: Mapping[str, Any]) -> bool:
@@ -273,6 +291,13 @@ def compose(path: str, loaded: Any) -> Optional[Any]:
     if not all(isinstance(arg, str) for arg in args):
         raise fail_type(path, "a list of slime's arguments (strings)", items)
     mapping = convert(args)
+    if mapping is None and args:
+        # A list of strings in a file is only ever read as slime's arguments.
+        raise FieldValueError(
+            f"{FIELD}: {path} holds a list of strings, which is read only as slime's "
+            "argument list, and it has none of slime's own options (e.g. "
+            f"{', '.join(sorted(_SLIME_OPTIONS)[:3])}): pass slime's whole train.py "
+            "argument list")
     return None if mapping is None else OmegaConf.create(mapping)
 
 
