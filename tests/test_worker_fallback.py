@@ -269,3 +269,43 @@ def test_the_job_submission_env_leaves_out_what_verls_driver_always_sets():
     env, notes = job_submission_env({"env_vars": {"VERL_FULL_DETERMINISM": "1", "A": "b"}},
                                     "verl")
     assert env["env_vars"] == {"A": "b"} and "VERL_FULL_DETERMINISM" in notes[0]
+
+
+# A GB200 tray in a multi-node NVLink domain, no IMEX channel in the container
+# (tests/test_packs.py has the same node): nccl-fabric's first row (docs/packs.md).
+GB200_NO_IMEX = json.dumps({"gpus": "10.0,10.0,10.0,10.0", "imex_channel": "absent",
+                            "fabric": {"state": "completed", "status": "success",
+                                       "cluster_uuid": "5d3f0c2a-8b1e-4c7d-9a6f-2e4b8c1d7f30",
+                                       "clique_id": 32766, "health": "ok"}})
+
+
+def test_the_fallback_decides_the_packs_too():
+    node_env = {"RAY_MEGATRON_ENV_FAKE_NODE": GB200_NO_IMEX}
+    environ = worker(node_env)
+    field = {**MEGATRON_TP2, "packs": ["nccl-fabric"]}
+    kinds = []
+
+    def cache(probe, kind):
+        kinds.append(kind)
+        return probe()
+
+    decision = decide_in_worker(environ, node_env, field, cache, LOG)
+    assert kinds == ["gpus", "fabric"]  # the fabric is read because the pack needs it
+    assert (environ["NCCL_MNNVL_ENABLE"], environ["NCCL_NVLS_ENABLE"]) == ("0", "0")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in environ  # Blackwell
+    assert decision.via == "setup-hook"
+    assert {v: (e["value"], e["strength"]) for v, e in decision.packs.items()
+            if e["value"] is not None} == {"NCCL_MNNVL_ENABLE": ("0", "required"),
+                                           "NCCL_NVLS_ENABLE": ("0", "required")}
+
+
+def test_without_packs_the_fallback_reads_no_fabric():
+    kinds = []
+
+    def cache(probe, kind):
+        kinds.append(kind)
+        return probe()
+
+    node_env = node("9.0")
+    decide_in_worker(worker(node_env), node_env, MEGATRON_TP2, cache, LOG)
+    assert kinds == ["gpus"]
