@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .decision import DECISION_VARIABLE, VIA_PLUGIN, Decision
-from .packs import OPTIONAL_PACKS, read_packs
+from .packs import OPTIONAL_PACKS
 from .rules import VARIABLE
 from .runtime_env import ConfigLike, build_runtime_env
 from .spec import Roles, Spec
@@ -223,8 +223,10 @@ def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
     """
     import ray
 
-    runtime_env = (build_runtime_env(config, role=role, packs=packs) if config is not None
-                   else {FIELD: Spec(packs=read_packs(packs or ())).to_field()})
+    # Without a config the field names no engine, in a runtime env made the
+    # way a job's is, so both paths show what they see on every node.
+    runtime_env = build_runtime_env(config if config is not None else Spec().to_field(),
+                                    role=role if config is not None else None, packs=packs)
     asked = set(runtime_env[FIELD].get("packs", ()))
     advise = config is not None and any(p not in asked for p in OPTIONAL_PACKS)
     connected_here = not ray.is_initialized()

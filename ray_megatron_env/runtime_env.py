@@ -72,7 +72,7 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     spec = spec.narrow(role, known_roles)
     _refuse_a_conflict_on_every_gpu(spec)
     env[FIELD] = spec.to_field()
-    _add_setup_hook(env, job_level=role is None)
+    _add_setup_hook(env)
     _warn_if_driver_hook_skipped()
     return env
 
@@ -97,10 +97,12 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
                 f"{VARIABLE} per role yourself from 'ray-megatron-env explain'")
 
 
-def _add_setup_hook(env: Dict[str, Any], job_level: bool) -> None:
+def _add_setup_hook(env: Dict[str, Any]) -> None:
     """The worker-side fallback (worker.py): the field in env_vars for the
-    hook to read, and, in a job env, Ray's setup hook chained in front of
-    one the base already had."""
+    hook to read, and Ray's setup hook chained in front of one the base
+    already had. Ray runs the hook only from the job's env (ray.init); in an
+    actor's or task's env it ignores it, and the job env's hook, which
+    reaches those workers through env_vars, reads their own field."""
     from .worker import FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, chained
 
     env_vars = env.get("env_vars")
@@ -109,8 +111,6 @@ def _add_setup_hook(env: Dict[str, Any], job_level: bool) -> None:
     elif not isinstance(env_vars, dict):
         raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
     env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
-    if not job_level:
-        return  # an actor's env: the job env's hook runs in its workers
     theirs = env.get(SETUP_HOOK_FIELD)
     if theirs is None or theirs == SETUP_HOOK_PATH:
         env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH

@@ -24,11 +24,15 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, MutableMapping, Optional
 
-from .decision import DECISION_VARIABLE, VIA_SETUP_HOOK, Decision
-from .rules import VARIABLE
+if TYPE_CHECKING:  # pragma: no cover
+    from .decision import Decision
 
+# decision.DECISION_VARIABLE (a test keeps them equal): named here so that a
+# worker where the plugin already decided returns without importing the
+# package's core, which every worker of a job env pays for otherwise.
+DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
 SETUP_HOOK_PATH = "ray_megatron_env.worker.setup_hook"
 # The field for one worker, in its env_vars: a per-role env replaces the
 # job's here (Ray merges env_vars key by key), so the hook sees the field of
@@ -43,10 +47,12 @@ RAY_SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 LOG_NAME = "megatron_env_setup_hook"
 
 
-def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional[Decision]:
+def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Decision"]:
     """The decision made for this worker's node (by the plugin or by the
     setup hook: ``.via`` says which), or ``None`` when the worker was started
     without the ``megatron_env`` field or on a node where neither ran."""
+    from .decision import Decision
+
     text = (os.environ if environ is None else environ).get(DECISION_VARIABLE)
     return Decision.from_json(text) if text else None
 
@@ -56,15 +62,23 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
     then run the job's own hook, if it had one. A bad field raises, as it
     fails the worker through the plugin; a probe problem never does."""
     try:
-        import ray
+        node_environ = node_environment()
+        if not plugin_decided(os.environ, node_environ):
+            import ray
 
-        worker = ray._private.worker.global_worker
-        decide_in_worker(os.environ, node_environment(), _job_field(worker),
-                         _cache(worker, ray), _logger(worker))
+            worker = ray._private.worker.global_worker
+            decide_in_worker(os.environ, node_environ, _job_field(worker), _cache(worker, ray),
+                             _logger(worker))
     finally:
         then = then or _next_setup_hook()
         if then is not None:
             then()
+
+
+def plugin_decided(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]]) -> bool:
+    """The worker has a decision the node did not give it: the plugin's."""
+    value = environ.get(DECISION_VARIABLE)
+    return bool(value) and (node_environ is None or node_environ.get(DECISION_VARIABLE) != value)
 
 
 def chained(then: Callable[[], Any]) -> Callable[[], None]:
@@ -105,20 +119,24 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     inherited ones. ``cache(probe, kind)`` returns the node's ``gpus`` or
     ``fabric`` facts, running ``probe`` only when no worker on the node has.
     """
+    if plugin_decided(environ, node_environ):
+        return None
     from .agent import needs_fabric, write_decision
+    from .decision import VIA_SETUP_HOOK
+    from .errors import FieldValueError
     from .fabric_probe import probe_fabric
     from .field import parse_field
     from .node import NodeFacts
     from .probe import probe_gpus
 
-    def own(key: str) -> Optional[str]:
-        value = environ.get(key)
-        return value if node_environ is None or node_environ.get(key) != value else None
-
-    if own(DECISION_VARIABLE):
-        return None  # the plugin decided on this node
-    text = own(FIELD_VARIABLE)
-    field = json.loads(text) if text else job_field
+    text = environ.get(FIELD_VARIABLE)
+    if text and node_environ is not None and node_environ.get(FIELD_VARIABLE) == text:
+        text = None  # the node's own, not this worker's runtime env
+    try:
+        field = json.loads(text) if text else job_field
+    except ValueError as exc:
+        raise FieldValueError(f"{FIELD_VARIABLE} is not JSON ({exc}); it is written by "
+                              "build_runtime_env, so give the worker an env made there") from None
     if field is None:
         return None  # a worker of this job started without the field
     spec = parse_field(field)

@@ -119,6 +119,19 @@ def test_an_unreadable_node_environment_keeps_what_the_worker_has():
     assert (decision.value, decision.source) == ("1", "explicit")
 
 
+def test_the_worker_names_the_decision_variable_as_the_core_does():
+    from ray_megatron_env import decision, worker
+
+    assert worker.DECISION_VARIABLE == decision.DECISION_VARIABLE
+
+
+def test_a_field_variable_that_is_not_json_names_the_variable():
+    node_env = node("9.0")
+    with pytest.raises(ValueError, match="RAY_MEGATRON_ENV_FIELD is not JSON"):
+        decide_in_worker(worker(node_env, **{FIELD_VARIABLE: "{oops"}), node_env, None, direct,
+                         LOG)
+
+
 def test_node_environment_reads_only_a_raylet_parent():
     # This test's parent is not a raylet.
     assert node_environment() is None
@@ -189,9 +202,11 @@ def test_the_job_env_carries_the_setup_hook_and_the_field():
     assert json.loads(env["env_vars"][FIELD_VARIABLE]) == env["megatron_env"]
 
 
-def test_a_role_env_carries_its_own_field_but_no_hook():
+def test_a_role_env_carries_its_own_field_and_the_hook():
+    # The hook for a role-narrowed env given to ray.init; Ray ignores it in an
+    # actor's env, where the job env's hook reads the actor's own field.
     env = build_runtime_env(verl(), role="critic")
-    assert "worker_process_setup_hook" not in env
+    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
     assert json.loads(env["env_vars"][FIELD_VARIABLE])["engines"] == {
         "critic": {"strategy": "megatron"}}
 
