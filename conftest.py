@@ -99,7 +99,6 @@ NODE_SETS: Dict[str, NodeSet] = {
         # Nodes started without RAY_RUNTIME_ENV_PLUGINS: the worker-side
         # setup hook decides there (UNREGISTERED below).
         SimulatedNode("unplugged", "9.0", plugin=False),
-        SimulatedNode("a100_unplugged", "8.0", plugin=False),
         SimulatedNode("b200_unplugged", "10.0", plugin=False),
         SimulatedNode("a100_inherit1_unplugged", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
                       plugin=False),

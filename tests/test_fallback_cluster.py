@@ -62,27 +62,30 @@ def megatron_job(cluster, tmp_path_factory):
             "worker_process_setup_hook": "fallback_user_hook.mark",
             "env_vars": {{"PYTHONPATH": {str(TESTS)!r}}}}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
-        nodes = ["cpu_head", "a100", "h100", "b200", "unplugged", "a100_unplugged",
+        nodes = ["cpu_head", "a100", "h100", "b200", "unplugged", "a100_inherit1_unplugged",
                  "b200_unplugged"]
-        out = {{"job": on(nodes), "again": on(["a100_unplugged"])}}
+        out = {{"job": on(nodes), "again": on(["unplugged"])}}
         # A per-role env under the job env: the critic is FSDP.
-        out["critic"] = on(["a100_unplugged", "a100_inherit1_unplugged", "unplugged"],
+        out["critic"] = on(["a100_inherit1_unplugged", "unplugged"],
                            runtime_env=build_runtime_env({str(config)!r}, role="critic"))
         # Per-actor env_vars on top of the job env (verl's worker groups).
-        out["env_vars"] = on(["a100_unplugged", "b200_unplugged"],
+        out["env_vars"] = on(["unplugged", "b200_unplugged"],
                              runtime_env={{"env_vars": {{"WG_PREFIX": "actor_"}}}})
-        out["explicit"] = on(["a100_unplugged", "a100"],
+        out["explicit"] = on(["a100_inherit1_unplugged", "a100"],
                              runtime_env={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "4"}}}})
         print(json.dumps(out))
     """)
 
 
 def test_every_node_gets_its_value_registered_or_not(megatron_job):
-    # Megatron TP=2 under verl before Blackwell: 1; Blackwell and CPU: unset.
-    assert {n: (v, via) for n, (v, via, *_) in megatron_job["job"].items()} == {
-        "cpu_head": (None, "plugin"), "a100": ("1", "plugin"), "h100": ("1", "plugin"),
-        "b200": (None, "plugin"), "unplugged": ("1", "setup-hook"),
-        "a100_unplugged": ("1", "setup-hook"), "b200_unplugged": (None, "setup-hook")}
+    # Megatron TP=2 under verl before Blackwell: 1 (the A100's inherited 1
+    # meets it, so it is kept as the node's); Blackwell and CPU: unset.
+    assert {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["job"].items()} == {
+        "cpu_head": (None, "plugin", "none"), "a100": ("1", "plugin", "policy"),
+        "h100": ("1", "plugin", "policy"), "b200": (None, "plugin", "none"),
+        "unplugged": ("1", "setup-hook", "policy"),
+        "a100_inherit1_unplugged": ("1", "setup-hook", "node"),
+        "b200_unplugged": (None, "setup-hook", "none")}
 
 
 def test_the_users_own_setup_hook_still_runs(megatron_job):
@@ -90,30 +93,30 @@ def test_the_users_own_setup_hook_still_runs(megatron_job):
 
 
 def test_one_probe_per_node_for_every_worker_there(megatron_job):
-    first = megatron_job["job"]["a100_unplugged"][4]
-    assert first is not None and megatron_job["again"]["a100_unplugged"][4] == first
-    assert megatron_job["env_vars"]["a100_unplugged"][4] == first
+    first = megatron_job["job"]["unplugged"][4]
+    assert first is not None and megatron_job["again"]["unplugged"][4] == first
+    assert megatron_job["env_vars"]["unplugged"][4] == first
 
 
 def test_a_per_role_env_is_decided_for_its_role_on_unregistered_nodes(megatron_job):
     # FSDP critic: nothing to set, and the node's inherited 1 is replaced.
     assert megatron_job["critic"] == {
-        "a100_unplugged": [None, "setup-hook", "none", "string",
-                           megatron_job["job"]["a100_unplugged"][4]],
         "a100_inherit1_unplugged": ["8", "setup-hook", "policy", "string",
-                                    megatron_job["critic"]["a100_inherit1_unplugged"][4]],
+                                    megatron_job["job"]["a100_inherit1_unplugged"][4]],
         "unplugged": [None, "setup-hook", "none", "string",
                       megatron_job["job"]["unplugged"][4]]}
 
 
 def test_per_actor_env_vars_keep_the_jobs_decision(megatron_job):
     got = {n: (v, via) for n, (v, via, *_) in megatron_job["env_vars"].items()}
-    assert got == {"a100_unplugged": ("1", "setup-hook"), "b200_unplugged": (None, "setup-hook")}
+    assert got == {"unplugged": ("1", "setup-hook"), "b200_unplugged": (None, "setup-hook")}
 
 
 def test_an_explicit_value_is_kept_on_either_path(megatron_job):
     got = {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["explicit"].items()}
-    assert got == {"a100_unplugged": ("4", "setup-hook", "explicit"),
+    # On the A100 without the plugin the node's own value is 1: the 4 came
+    # from env_vars, so it is explicit there too.
+    assert got == {"a100_inherit1_unplugged": ("4", "setup-hook", "explicit"),
                    "a100": ("4", "plugin", "explicit")}
 
 
@@ -121,7 +124,7 @@ def test_the_node_log_says_which_path_decided(cluster, megatron_job):
     logs = glob.glob(os.path.join(cluster.logs_dir(), "megatron_env_setup_hook-*.log"))
     text = "".join(Path(path).read_text() for path in logs)
     assert "megatron_env: CUDA_DEVICE_MAX_CONNECTIONS=1 (source: policy; via: setup-hook; " \
-           "GPUs: ['8.0'])" in text
+           "GPUs: ['9.0'])" in text
 
 
 def test_an_fsdp_job_replaces_a_nodes_inherited_1_with_a_callable_user_hook(cluster, tmp_path):
