@@ -50,3 +50,51 @@ def interleaved(variants: List[str], repetitions: int, seed: int = 7) -> List[st
         rng.shuffle(block)
         order += block
     return order
+
+
+def time_actor_starts(cluster, actor_class, variants, workers: Sequence[str], warmup: int,
+                      repetitions: int, a: str, b: str, check=None) -> Dict[str, object]:
+    """Actor creation to first reply, one fresh runtime env per start
+    (``variants[name](tag)``), variants interleaved over ``workers`` nodes;
+    ``check(name, node, reply)`` may refuse a reply. Returns the stats per
+    variant and the ratios of variant ``a`` over ``b``."""
+    import time
+
+    import ray
+
+    samples = {name: [] for name in variants}
+    paired: List[float] = []
+    order = interleaved(list(variants), warmup + repetitions)
+    last: Dict[str, float] = {}
+    for i, name in enumerate(order):
+        rep = i // len(variants)
+        node = workers[rep % len(workers)]
+        started = time.perf_counter()
+        actor = actor_class.options(runtime_env=variants[name](f"{rep}-{name}"),
+                                    **cluster.pin(node)).remote()
+        reply = ray.get(actor.ping.remote(), timeout=120)
+        took = time.perf_counter() - started
+        if check is not None:
+            check(name, node, reply)
+        ray.kill(actor)
+        if rep >= warmup:
+            samples[name].append(took)
+            last[name] = took
+        if len(last) == len(variants) and i % len(variants) == len(variants) - 1:
+            paired.append(last[a] / last[b])
+            last = {}
+    stats = {name: spread(values) for name, values in samples.items()}
+    return {"stats": stats, "ratio_of_medians_a_over_b": stats[a]["median"] / stats[b]["median"],
+            "median_paired_ratio_a_over_b": statistics.median(paired)}
+
+
+def print_starts(result: Dict[str, object], repetitions: int, warmup: int, target: float,
+                 where: str = "") -> None:
+    stats = result["stats"]
+    print(f"machine: {result['machine']}; {repetitions} repetitions per variant, "
+          f"interleaved, after {warmup} warm-up rounds{where}\n")
+    print(table(["variant", "median", "q1", "q3"],
+                [[name, ms(s["median"]), ms(s["q1"]), ms(s["q3"])] for name, s in stats.items()]))
+    print(f"\n(a)/(b) ratio of medians: {result['ratio_of_medians_a_over_b']:.3f}   "
+          f"median of paired ratios: {result['median_paired_ratio_a_over_b']:.3f}   "
+          f"(target <= {target:.2f})")

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import ray
 
-from common import interleaved, machine, ms, spread, table
+from common import machine, print_starts, time_actor_starts
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.demo import load_example
 from ray_megatron_env.simulation import MIXED_NODES, SimulatedCluster
@@ -47,43 +45,14 @@ def main() -> None:
                                               "CUDA_DEVICE_MAX_CONNECTIONS": "1"}},
         "none": lambda tag: None,
     }
-    samples = {name: [] for name in variants}
-    paired = []
     with SimulatedCluster(NODES) as cluster:
-        workers = [n.name for n in NODES[1:]]
-        order = interleaved(list(variants), args.warmup + args.repetitions)
-        last = {}
-        for i, name in enumerate(order):
-            rep = i // len(variants)
-            node = workers[rep % len(workers)]
-            env = variants[name](f"{rep}-{name}")
-            started = time.perf_counter()
-            actor = Probe.options(runtime_env=env, **cluster.pin(node)).remote()
-            ray.get(actor.ping.remote(), timeout=120)
-            took = time.perf_counter() - started
-            ray.kill(actor)
-            if rep >= args.warmup:
-                samples[name].append(took)
-                last[name] = took
-            if len(last) == len(variants) and i % len(variants) == len(variants) - 1:
-                paired.append(last["megatron_env"] / last["env_vars"])
-                last = {}
-
-    stats = {name: spread(values) for name, values in samples.items()}
-    ratio = stats["megatron_env"]["median"] / stats["env_vars"]["median"]
-    result = {"machine": machine(), "repetitions": args.repetitions, "stats": stats,
-              "ratio_of_medians_a_over_b": ratio,
-              "median_paired_ratio_a_over_b": statistics.median(paired)}
+        result = time_actor_starts(cluster, Probe, variants, [n.name for n in NODES[1:]],
+                                   args.warmup, args.repetitions, "megatron_env", "env_vars")
+    result = {"machine": machine(), "repetitions": args.repetitions, **result}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"machine: {result['machine']}; {args.repetitions} repetitions per variant, "
-          f"interleaved, after {args.warmup} warm-up rounds\n")
-    print(table(["variant", "median", "q1", "q3"],
-                [[name, ms(s["median"]), ms(s["q1"]), ms(s["q3"])] for name, s in stats.items()]))
-    print(f"\n(a)/(b) ratio of medians: {ratio:.3f}   "
-          f"median of paired ratios: {result['median_paired_ratio_a_over_b']:.3f}   "
-          f"(target <= 1.02)")
+    print_starts(result, args.repetitions, args.warmup, 1.02)
 
 
 if __name__ == "__main__":

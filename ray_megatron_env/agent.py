@@ -10,7 +10,7 @@ apply one precedence and leave one record.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, MutableMapping, Optional
+from typing import Any, List, Mapping, MutableMapping, Optional, Tuple
 
 from .decision import VIA_PLUGIN, Decision, decide_node
 from .fabric_probe import probe_fabric
@@ -88,13 +88,20 @@ def _needs_fabric(runtime_env: Mapping[str, Any]) -> bool:
 
 
 def log_decision(logger: logging.Logger, decision: Decision) -> None:
+    for level, line in log_lines(decision):
+        logger.log(level, "%s", line)
+
+
+def log_lines(decision: Decision) -> List[Tuple[int, str]]:
+    """The node log's lines for one decision: the value and why, each pack
+    variable, each warning."""
     shown = decision.value if decision.value is not None else "unset"
-    logger.info("%s: %s=%s (source: %s; via: %s; GPUs: %s): %s", FIELD, VARIABLE, shown,
-                decision.source, decision.via, decision.gpus, decision.reason)
+    lines = [(logging.INFO, f"{FIELD}: {VARIABLE}={shown} (source: {decision.source}; via: "
+                            f"{decision.via}; GPUs: {decision.gpus}): {decision.reason}")]
     for variable, entry in decision.packs.items():
         value = entry["value"] if entry["value"] is not None else "unset"
-        logger.info("%s: %s=%s (pack %s, %s, %s; source: %s; via: %s): %s", FIELD, variable,
-                    value, entry["pack"], entry["action"], entry["strength"], entry["source"],
-                    decision.via, entry["reason"])
-    for warning in decision.warnings:
-        logger.warning("%s: %s", FIELD, warning)
+        lines.append((logging.INFO, f"{FIELD}: {variable}={value} (pack {entry['pack']}, "
+                                    f"{entry['action']}, {entry['strength']}; source: "
+                                    f"{entry['source']}; via: {decision.via}): {entry['reason']}"))
+    lines += [(logging.WARNING, f"{FIELD}: {warning}") for warning in decision.warnings]
+    return lines

@@ -19,27 +19,35 @@ import fcntl
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
-from .gpus import NodeGpus
-from .node import GpuFabric, NodeFabric
-from .probe import RETRY_FAILED_AFTER_S
+if TYPE_CHECKING:  # pragma: no cover
+    from .gpus import NodeGpus
+    from .node import NodeFabric
 
 FOLDER = "megatron_env"
+# probe.RETRY_FAILED_AFTER_S (a test keeps them equal); named here so that a
+# worker reading a cached decision imports nothing of the core.
+RETRY_FAILED_AFTER_S = 60.0
+
 
 
 def to_record(facts: Any) -> Dict[str, Any]:
     return dataclasses.asdict(facts)
 
 
-def gpus_from_record(data: Dict[str, Any]) -> NodeGpus:
+def gpus_from_record(data: Dict[str, Any]) -> "NodeGpus":
+    from .gpus import NodeGpus
+
     values = _known_fields(NodeGpus, data)
     caps = values.get("capabilities")
     values["capabilities"] = None if caps is None else tuple(tuple(c) for c in caps)
     return NodeGpus(**values)
 
 
-def fabric_from_record(data: Dict[str, Any]) -> NodeFabric:
+def fabric_from_record(data: Dict[str, Any]) -> "NodeFabric":
+    from .node import GpuFabric, NodeFabric
+
     values = _known_fields(NodeFabric, data)
     gpus = values.get("gpus")
     values["gpus"] = None if gpus is None else tuple(GpuFabric(**g) for g in gpus)
@@ -87,6 +95,35 @@ class NodeCache:
             self._write(path, result)
             return result
 
+    def stamp(self, kinds: Any) -> Optional[str]:
+        """The cached facts of ``kinds`` as they are on disk, when every one is
+        there and known (a probe that failed is retried, so what a decision
+        was made from then may change); None otherwise."""
+        parts = []
+        for kind in kinds:
+            try:
+                with open(self.path(kind)) as f:
+                    text = f.read()
+                known = json.loads(text).get("capabilities" if kind == "gpus" else "gpus")
+            except (OSError, ValueError, AttributeError):
+                return None
+            if known is None:
+                return None
+            parts.append(text)
+        return "\n".join(parts)
+
+    def decision(self, key: str) -> Optional[Dict[str, Any]]:
+        """A decision already made on this node for the same inputs (``key``)."""
+        try:
+            with open(os.path.join(self.folder, f"decision-{self.node_id}-{key}.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def keep_decision(self, key: str, entry: Dict[str, Any]) -> None:
+        path = os.path.join(self.folder, f"decision-{self.node_id}-{key}.json")
+        self._write_text(path, json.dumps(entry))
+
     def _fresh(self, facts: Any) -> bool:
         # A node's hardware does not change under a running raylet; a failed
         # probe is retried, as the agent's cache does, so a transient error
@@ -101,15 +138,20 @@ class NodeCache:
         except (OSError, ValueError, TypeError):
             return None  # absent, or written by another version: probe again
 
+    @classmethod
+    def _write(cls, path: str, facts: Any) -> None:
+        cls._write_text(path, json.dumps(to_record(facts)))
+
     @staticmethod
-    def _write(path: str, facts: Any) -> None:
+    def _write_text(path: str, text: str) -> None:
         temporary = f"{path}.{os.getpid()}.tmp"
         try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(temporary, "w") as f:
-                json.dump(to_record(facts), f)
+                f.write(text)
             os.replace(temporary, path)
         except OSError:
-            pass  # the next worker probes again
+            pass  # the next worker does the work again
 
     def _stamp(self, facts: Any) -> Any:
         return dataclasses.replace(facts, probed_at=self._clock(), probe_pid=os.getpid())

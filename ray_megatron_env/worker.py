@@ -67,12 +67,83 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
             import ray
 
             worker = ray._private.worker.global_worker
-            decide_in_worker(os.environ, node_environ, _job_field(worker), _cache(worker, ray),
-                             _logger(worker))
+            decide_here(os.environ, node_environ, _job_field(worker), _node_cache(worker, ray),
+                        lambda: _logger(worker))
     finally:
         then = then or _next_setup_hook()
         if then is not None:
             then()
+
+
+# Every variable a pack reads from a worker's or a node's environment (the
+# union of packs.*.variables; a test keeps them equal). With the field and
+# its process variables, they are all a decision reads besides the node's
+# facts, so they key a decision made on the node once for all its workers.
+PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE",
+                  "NCCL_NVLS_ENABLE")
+
+
+def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
+                job_field: Any, cache: Any, logger: Callable[[], logging.Logger]) -> None:
+    """``decide_in_worker`` once per node for each set of inputs: a later
+    worker with the same field, the same values of the variables a decision
+    reads, and the same node facts takes the decision from the node's cache
+    without importing the package's core (which costs a worker start
+    several percent)."""
+    key = _decision_key(environ, node_environ, job_field, cache)
+    entry = cache.decision(key) if key else None
+    if entry is None:
+        from .agent import log_lines
+
+        before = dict(environ)
+        decision = decide_in_worker(environ, node_environ, job_field,
+                                    cache.get if cache else lambda probe, kind: probe(), logger())
+        if decision is None:
+            return
+        entry = {"set": {k: v for k, v in environ.items() if before.get(k) != v},
+                 "unset": sorted(set(before) - set(environ)), "log": log_lines(decision)}
+        # The first worker on a node probed just now: its facts key it too.
+        key = key or _decision_key(before, node_environ, job_field, cache)
+        if key:
+            cache.keep_decision(key, entry)
+        return
+    environ.update(entry["set"])
+    for name in entry["unset"]:
+        environ.pop(name, None)
+    log = logger()
+    for level, line in entry["log"]:
+        log.log(level, "%s", line)
+
+
+def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]],
+                  job_field: Any, cache: Any) -> Optional[str]:
+    import hashlib
+
+    if cache is None or node_environ is None:
+        return None
+    text = _own_field_text(environ, node_environ)
+    try:
+        field = json.loads(text) if text else job_field
+        processes = [rule["variable"] for rule in field.get("processes", ())]
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return None  # the full path says what is wrong with it
+    if field is None:
+        return None
+    facts = cache.stamp(("gpus", "fabric") if field.get("packs") else ("gpus",))
+    if facts is None:
+        return None
+    names = sorted(set(PACK_VARIABLES) | set(processes))
+    material = json.dumps([field, [environ.get(n) for n in names],
+                           [node_environ.get(n) for n in names], facts], sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def _own_field_text(environ: Mapping[str, str],
+                    node_environ: Optional[Mapping[str, str]]) -> Optional[str]:
+    text = environ.get(FIELD_VARIABLE)
+    if text and node_environ is not None and node_environ.get(FIELD_VARIABLE) == text:
+        return None  # the node's own, not this worker's runtime env
+    return text
 
 
 def plugin_decided(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]]) -> bool:
@@ -129,9 +200,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     from .node import NodeFacts
     from .probe import probe_gpus
 
-    text = environ.get(FIELD_VARIABLE)
-    if text and node_environ is not None and node_environ.get(FIELD_VARIABLE) == text:
-        text = None  # the node's own, not this worker's runtime env
+    text = _own_field_text(environ, node_environ)
     try:
         field = json.loads(text) if text else job_field
     except ValueError as exc:
@@ -189,15 +258,15 @@ def _job_field(worker: Any) -> Any:
         return None
 
 
-def _cache(worker: Any, ray: Any) -> Callable[[Callable[[], Any], str], Any]:
+def _node_cache(worker: Any, ray: Any) -> Any:
+    """The node's cache in its Ray session folder (None where it cannot be had)."""
     from .node_cache import NodeCache
 
     try:
-        cache = NodeCache(worker.node.get_session_dir_path(),
-                          ray.get_runtime_context().get_node_id())
+        return NodeCache(worker.node.get_session_dir_path(),
+                         ray.get_runtime_context().get_node_id())
     except Exception:
-        return lambda probe, kind: probe()
-    return cache.get
+        return None
 
 
 def _logger(worker: Any) -> logging.Logger:

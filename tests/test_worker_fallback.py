@@ -324,3 +324,37 @@ def test_without_packs_the_fallback_reads_no_fabric():
     node_env = node("9.0")
     decide_in_worker(worker(node_env), node_env, MEGATRON_TP2, cache, LOG)
     assert kinds == ["gpus"]
+
+
+def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkeypatch):
+    from ray_megatron_env import worker as worker_module
+    from ray_megatron_env.worker import decide_here
+
+    cache = NodeCache(str(tmp_path), "node-1")
+    node_env = node("9.0", CUDA_DEVICE_MAX_CONNECTIONS="4")
+    first = worker(node_env)
+    decide_here(first, node_env, MEGATRON_TP2, cache, lambda: LOG)
+    assert first["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the node's 4 replaced
+
+    def no_core(*args, **kwargs):
+        raise AssertionError("the core ran again for the same inputs")
+
+    monkeypatch.setattr(worker_module, "decide_in_worker", no_core)
+    second = worker(node_env)
+    decide_here(second, node_env, MEGATRON_TP2, cache, lambda: LOG)
+    assert second == first
+    # Other inputs (an explicit value) are decided anew, not taken from the cache.
+    with pytest.raises(AssertionError, match="the core ran again"):
+        decide_here(worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="8"), node_env, MEGATRON_TP2,
+                    cache, lambda: LOG)
+    with pytest.raises(AssertionError, match="the core ran again"):
+        decide_here(worker(node_env), node_env, FSDP, cache, lambda: LOG)
+
+
+def test_the_workers_lists_of_names_match_the_cores():
+    from ray_megatron_env import node_cache, probe
+    from ray_megatron_env.packs import PACK_NAMES, get_pack
+    from ray_megatron_env.worker import PACK_VARIABLES
+
+    assert set(PACK_VARIABLES) == {v for name in PACK_NAMES for v in get_pack(name).variables}
+    assert node_cache.RETRY_FAILED_AFTER_S == probe.RETRY_FAILED_AFTER_S
