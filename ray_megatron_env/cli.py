@@ -69,8 +69,8 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
 
     PLUGIN says whether the node's agent has the plugin, VIA which path
     decided (the plugin, or the worker-side setup hook where it is not
-    registered). When every worker was classified the same way, that is
-    said once above the table rather than at the start of every reason."""
+    registered). When every worker was classified the same way, the reasons
+    leave that out (``--json`` keeps it, as ``decision.process``)."""
     reports = list(reports)
     head = (["NODE"] if labelled else []) + ["NODE ID", "IP", "PLUGIN", "VIA", "GPUS", "VALUE",
                                              "SOURCE"]
@@ -93,8 +93,7 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
             lines.append(f"PROBLEM: {problem}")
         notes.append(lines)
     widths = [max(len(str(row[i])) for row in [head] + rows) for i in range(len(head))]
-    out = textwrap.wrap(f"every worker here: {shared}", 100) if shared else []
-    out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     for row, lines in zip(rows, notes):
         out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
         for line in lines:

@@ -269,3 +269,24 @@ def test_check_reports_problems_but_fails_only_with_strict(capsys, monkeypatch):
     assert max(len(line) for line in out.splitlines()) <= 100
     code, _, _ = run(capsys, "check", "--strict")
     assert code == 1
+
+
+def test_a_table_of_workers_classified_alike_leaves_the_classification_out():
+    from ray_megatron_env.check import NodeReport
+    from ray_megatron_env.cli import format_reports
+    from ray_megatron_env.decision import Decision
+
+    def report(node, process, via):
+        decision = Decision("1", "policy", f"{process}: compute capability 9.0: set to 1.", "1",
+                            ["9.0"], process=process, via=via)
+        return NodeReport(node * 7, "10.0.0.1", via == "plugin", "1", decision)
+
+    alike = format_reports([report("a", "actor worker (no process rule matched)", "plugin"),
+                            report("b", "actor worker (no process rule matched)", "setup-hook")])
+    assert "no process rule matched" not in alike
+    assert "    compute capability 9.0: set to 1." in alike
+    assert [line.split()[2:4] for line in alike.splitlines()[1::2]] == [
+        ["yes", "plugin"], ["no", "setup-hook"]]
+    mixed = format_reports([report("a", "actor worker (x)", "plugin"),
+                            report("b", "rollout process (y)", "plugin")])
+    assert "actor worker (x): compute" in mixed and "rollout process (y): compute" in mixed
