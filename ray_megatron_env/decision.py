@@ -17,7 +17,9 @@ from .field import explicit_value, parse_connections
 from .gpus import NodeGpus
 from .node import NodeFacts
 from .packs import REMOVE, REQUIRED, SET, Outcome, get_pack
-from .policy import ONE_ENGINE_FIX, Verdict, by_role, evaluate, within_one_engine
+from .policy import (
+    FRAMEWORK_ROLE_FIX, ONE_ENGINE_FIX, Verdict, by_role, evaluate, within_one_engine,
+)
 from .rules import NOTHING, VARIABLE
 from .spec import Spec
 
@@ -100,7 +102,7 @@ def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
     if replaced is not None:
         outcome = (f"{spec.framework or 'the framework'}'s own {VARIABLE}={replaced} for every "
                    f"process is replaced: {outcome}")
-    warnings = _conflict_warnings(verdict) + warnings
+    warnings = _conflict_warnings(verdict, spec.framework) + warnings
     if not gpus.is_known:
         warnings.insert(0, f"the GPU probe ({gpus.method}) could not read the GPUs' compute "
                            f"capability, so the node was treated as pre-Blackwell: {gpus.error}")
@@ -142,7 +144,7 @@ def decide_for_worker(spec: Spec, gpus: NodeGpus, env_vars: Mapping[str, Any], *
                   process=process, replaced=replaced)
 
 
-def _conflict_warnings(verdict: Verdict) -> List[str]:
+def _conflict_warnings(verdict: Verdict, framework: Optional[str] = None) -> List[str]:
     out = []
     for finding in verdict.unmet:
         rule = finding.rule
@@ -156,8 +158,9 @@ def _conflict_warnings(verdict: Verdict) -> List[str]:
             f"{finding.role} ({finding.engine.describe()}) asks {rule.requirement.label} "
             f"[{rule.id}; {finding.because()}], which this shared runtime env "
             f"cannot give ({verdict.requirement.label} is what the other roles need); fix: "
-            f"give {finding.role} its own env with build_runtime_env(config, "
-            f"role={finding.role!r})")
+            + (FRAMEWORK_ROLE_FIX[framework] if framework in FRAMEWORK_ROLE_FIX else
+               f"give {finding.role} its own env with build_runtime_env(config, "
+               f"role={finding.role!r})"))
     return out
 
 

@@ -121,11 +121,23 @@ def within_one_engine(findings: Sequence[Finding], finding: Finding) -> bool:
 ONE_ENGINE_FIX = ("no runtime env can meet both, since one engine's own settings ask for "
                   "them: change that engine's settings (its pipeline backend or its TP/CP)")
 ROLE_FIX = "give each role its own env with build_runtime_env(role=...)"
+# NeMo-RL builds every worker group's runtime env in its own code
+# (nemo_rl/distributed/worker_groups.py), so there is no place for a user's
+# per-role env without changing that code.
+FRAMEWORK_ROLE_FIX = {
+    "nemo-rl": "NeMo-RL builds each worker group's runtime env itself, so a per-role env "
+               "needs a change there: that group's env from build_runtime_env(config, role=...)",
+}
 
 
-def _fix(findings: Sequence[Finding], unmet: Sequence[Finding]) -> str:
+def role_fix(framework: Optional[str]) -> str:
+    return FRAMEWORK_ROLE_FIX.get(framework or "", ROLE_FIX)
+
+
+def _fix(findings: Sequence[Finding], unmet: Sequence[Finding],
+         framework: Optional[str] = None) -> str:
     return (ONE_ENGINE_FIX if all(within_one_engine(findings, f) for f in unmet)
-            else ROLE_FIX)
+            else role_fix(framework))
 
 
 def _phrase(requirement: Requirement, strength: str, plural: bool) -> str:
@@ -197,7 +209,7 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
         return Verdict(chosen, chosen, findings, True, True, unmet,
                        f"{clauses}; these required rules cannot all hold in one runtime env, so "
                        "a worker of " + " and ".join(f.words() for f in unmet) +
-                       f" fails on this node ({_fix(findings, unmet)})")
+                       f" fails on this node ({_fix(findings, unmet, spec.framework)})")
     combined = _meet_all(preferred, hard)
     if combined is not None:
         return Verdict(combined, hard, findings, False, False, (), clauses)
@@ -211,7 +223,7 @@ def evaluate(spec: Spec, gpus: NodeGpus, rules: Sequence[Rule] = RULES) -> Verdi
     return Verdict(combined, hard, findings, True, False, unmet,
                    f"{clauses}; these conflict in one runtime env, so {combined.label} is kept "
                    "and the preference of " + " and ".join(f.words() for f in unmet) +
-                   f" is not met ({_fix(findings, unmet)})")
+                   f" is not met ({_fix(findings, unmet, spec.framework)})")
 
 
 REPRESENTATIVE_GPUS = {PRE_BLACKWELL: ((9, 0),), BLACKWELL_OR_NEWER: ((10, 0),)}

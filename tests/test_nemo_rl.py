@@ -376,3 +376,18 @@ def test_role_messages_use_nemo_rls_own_terms():
         build_runtime_env(SFT, role="value")
     assert "not enabled in this nemo-rl config" in str(info.value)
     assert "enable: false" not in str(info.value)
+
+
+def test_a_conflict_under_nemo_rl_says_where_a_per_role_env_would_go():
+    # NeMo-RL builds each worker group's runtime env in its own code
+    # (nemo_rl/distributed/worker_groups.py): "use role=" alone does not apply.
+    from ray_megatron_env import explain
+
+    engines = {"policy": {"strategy": "megatron", "tensor_parallel": 2},
+               "teacher": {"strategy": "fsdp"}}
+    nemo = explain({"version": 2, "framework": "nemo-rl", "engines": engines}, "9.0")
+    assert nemo.value == "1" and len(nemo.warnings) == 1
+    assert "NeMo-RL builds each worker group's runtime env itself" in nemo.warnings[0]
+    assert "role='teacher'" not in nemo.warnings[0]
+    plain = explain({"version": 2, "engines": engines}, "9.0")
+    assert "build_runtime_env(config, role='teacher')" in plain.warnings[0]
