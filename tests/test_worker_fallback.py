@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from configs import FSDP_YAML, MEGATRON_YAML, verl
+from configs import FSDP_YAML, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.gpus import NodeGpus
 from ray_megatron_env.hook import driver_hook_skipped, HOOK_PATH
