@@ -187,13 +187,12 @@ def _advice(fabric_json: str, decision_json: str, where: str) -> Optional[str]:
     """Each optional pack the job did not ask for, evaluated on this node's
     facts: every required change it would make, in words."""
     from .explanation import parse_gpu_list
-    from .node import GpuFabric, NodeFabric, NodeFacts
+    from .node import NodeFacts
+    from .node_cache import fabric_from_record
     from .packs import REQUIRED, SET, get_pack
 
     decision = Decision.from_json(decision_json)
-    raw = json.loads(fabric_json)
-    fabric = NodeFabric(None if raw["gpus"] is None else tuple(GpuFabric(**g) for g in raw["gpus"]),
-                        raw["imex_channel"], raw["method"], raw["error"])
+    fabric = fabric_from_record(json.loads(fabric_json))
     gpus = parse_gpu_list(decision.gpus if decision.gpus is not None else "none")
     asked = {entry["pack"] for entry in decision.packs.values()}
     notes = []
