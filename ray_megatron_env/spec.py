@@ -16,7 +16,7 @@ from .errors import FieldValueError
 from .rules import (
     CHECKS, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON, PIPELINE_BACKENDS,
 )
-from .values import FIELD, fail_type, read_flag, read_name, show
+from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without the optional keys
@@ -38,13 +38,7 @@ def read_note(value: Any, key: str) -> str:
 
 
 def read_checks(value: Any, key: str) -> Tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise fail_type(key, f"a list of check names ({', '.join(CHECKS)})", value)
-    unknown = [v for v in value if v not in CHECKS]
-    if unknown:
-        raise FieldValueError(f"{FIELD}: {key} names unknown check(s) {show(unknown)}; "
-                              f"known: {', '.join(CHECKS)}")
-    return tuple(value)
+    return read_names(value, key, tuple(CHECKS), "check")
 
 
 def read_dispatcher(dispatcher_type: Any, backend: Any, enable_deepep: Any,

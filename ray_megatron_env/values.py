@@ -8,7 +8,7 @@ came in.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence, Tuple
 
 from .errors import FieldTypeError, FieldValueError
 from .rules import CUDA_RANGE
@@ -78,6 +78,18 @@ def read_size(value: Any, key: str) -> int:
             f"{FIELD}: {key} must be an integer from 1 to {MAX_PARALLEL_SIZE}, got {value}"
         )
     return value
+
+
+def read_names(value: Any, key: str, known: Sequence[str], noun: str,
+               known_words: str = "known") -> Tuple[str, ...]:
+    """A list of names, each one of ``known`` (checks, packs), as given."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise fail_type(key, f"a list of {noun} names ({', '.join(known)})", value)
+    unknown = [v for v in value if v not in known]
+    if unknown:
+        raise FieldValueError(f"{FIELD}: {key} names unknown {noun}(s) {show(unknown)}; "
+                              f"{known_words}: {', '.join(known)}")
+    return tuple(value)
 
 
 def read_flag(value: Any, key: str) -> bool:

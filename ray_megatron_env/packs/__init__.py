@@ -35,7 +35,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..values import FIELD, fail_type, show
+from ..values import FIELD, read_names, show
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts
@@ -117,13 +117,8 @@ def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
     ``cuda-connections`` is always on and may be named."""
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise fail_type(key, f"a list of pack names ({', '.join(PACK_NAMES)})", value)
-    unknown = [v for v in value if v not in _MODULES]
-    if unknown:
-        raise FieldValueError(f"{FIELD}: {key} names unknown pack(s) {show(unknown)}; "
-                              f"known packs: {', '.join(PACK_NAMES)}")
-    return tuple(sorted({v for v in value if v not in ALWAYS_ON}))
+    names = read_names(value, key, PACK_NAMES, "pack", "known packs")
+    return tuple(sorted({v for v in names if v not in ALWAYS_ON}))
 
 
 def markdown_table(pack: Pack) -> str:
