@@ -88,11 +88,28 @@ def time_actor_starts(cluster, actor_class, variants, workers: Sequence[str], wa
             "median_paired_ratio_a_over_b": statistics.median(paired)}
 
 
-def print_starts(result: Dict[str, object], repetitions: int, warmup: int, target: float,
-                 where: str = "") -> None:
+def start_arguments(doc: str, repetitions: int = 40):
+    """The command line of a start-up benchmark: repetitions, warm-up, --json."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--repetitions", type=int, default=repetitions)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args()
+
+
+def report_starts(args, result: Dict[str, object], target: float, where: str = "") -> None:
+    """``time_actor_starts``'s result as JSON (``--json``) or as a table."""
+    import json
+
+    result = {"machine": machine(), "repetitions": args.repetitions, **result}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
     stats = result["stats"]
-    print(f"machine: {result['machine']}; {repetitions} repetitions per variant, "
-          f"interleaved, after {warmup} warm-up rounds{where}\n")
+    print(f"machine: {result['machine']}; {args.repetitions} repetitions per variant, "
+          f"interleaved, after {args.warmup} warm-up rounds{where}\n")
     print(table(["variant", "median", "q1", "q3"],
                 [[name, ms(s["median"]), ms(s["q1"]), ms(s["q3"])] for name, s in stats.items()]))
     print(f"\n(a)/(b) ratio of medians: {result['ratio_of_medians_a_over_b']:.3f}   "

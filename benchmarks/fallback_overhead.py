@@ -14,12 +14,9 @@ variants run in one job and interleave. The first rounds are warm-up.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import ray
 
-from common import machine, print_starts, time_actor_starts
+from common import report_starts, start_arguments, time_actor_starts
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.demo import load_example
 from ray_megatron_env.simulation import SimulatedCluster, SimulatedNode
@@ -37,11 +34,7 @@ class Probe:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repetitions", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = start_arguments(__doc__)
 
     fallback = as_actor_env(build_runtime_env(load_example("verl_megatron.yaml")))
 
@@ -61,11 +54,7 @@ def main() -> None:
         result = time_actor_starts(cluster, Probe, variants, [n.name for n in NODES[1:]],
                                    args.warmup, args.repetitions, "fallback", "env_vars",
                                    check=decided_by_the_hook)
-    result = {"machine": machine(), "repetitions": args.repetitions, **result}
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return
-    print_starts(result, args.repetitions, args.warmup, 1.05, "; nodes without the plugin")
+    report_starts(args, result, 1.05, "; nodes without the plugin")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,9 @@ Variants are interleaved; the first repetitions are discarded as warm-up.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import ray
 
-from common import machine, print_starts, time_actor_starts
+from common import report_starts, start_arguments, time_actor_starts
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.demo import load_example
 from ray_megatron_env.simulation import MIXED_NODES, SimulatedCluster
@@ -32,11 +29,7 @@ class Probe:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repetitions", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = start_arguments(__doc__)
 
     field = build_runtime_env(load_example("verl_megatron.yaml"))["megatron_env"]
     variants = {
@@ -48,11 +41,7 @@ def main() -> None:
     with SimulatedCluster(NODES) as cluster:
         result = time_actor_starts(cluster, Probe, variants, [n.name for n in NODES[1:]],
                                    args.warmup, args.repetitions, "megatron_env", "env_vars")
-    result = {"machine": machine(), "repetitions": args.repetitions, **result}
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return
-    print_starts(result, args.repetitions, args.warmup, 1.02)
+    report_starts(args, result, 1.02)
 
 
 if __name__ == "__main__":
