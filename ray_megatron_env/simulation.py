@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 from .plugin import CLASS_PATH
 from .probe import FAKE_VARIABLE
@@ -35,6 +37,15 @@ REGISTRATION = json.dumps([{"class": CLASS_PATH}])
 # 2 cores: about 0.9 CPU-s per worker with 9 starting at once, 0.6 with 2).
 # One start at a time per simulated node instead.
 SHARED_CORES = {"RAY_worker_maximum_startup_concurrency": "1"}
+# The ports a node's agents listen on. Ray before 2.4x picks them in Python
+# (Node._get_cached_port), each a random free port that excludes only the
+# same node's others: two simulated nodes on one host can pick the same port
+# before either agent binds it. The second agent then fails to bind and its
+# raylet talks to the first node's runtime-env agent, so a node started
+# without the plugin is served by a registered one (seen on Ray 2.41 in CI).
+# Real nodes are separate hosts; here every node gets ports of its own.
+AGENT_PORTS = ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port",
+               "runtime_env_agent_port")
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class SimulatedCluster:
         self._tmpdir: Optional[str] = None
         self._saved_tmpdir: Optional[str] = None
         self.node_ids: Dict[str, str] = {}  # node name -> Ray node id (hex)
+        self._ports_given: Set[int] = set()
 
     @property
     def address(self) -> str:
@@ -124,8 +136,27 @@ class SimulatedCluster:
             num_cpus=node.cpus, num_gpus=node.gpus,
             resources={node.resource: 10_000, **node.resources},
             object_store_memory=self._object_store,
-            env_vars={**SHARED_CORES, **node.environment()}, **ray_params)
+            env_vars={**SHARED_CORES, **node.environment()}, **self._agent_ports(), **ray_params)
         self.node_ids[node.name] = started.node_id
+
+    def _agent_ports(self) -> Dict[str, int]:
+        """Ports for a new node's agents that no other node here was given,
+        where Ray would pick them in Python (see AGENT_PORTS); none where the
+        raylet binds them itself (port 0, no race)."""
+        from ray._private.node import Node
+
+        if not hasattr(Node, "_get_cached_port"):
+            return {}
+        ports: Dict[str, int] = {}
+        with ExitStack() as held:  # held open until all are picked: all differ
+            while len(ports) < len(AGENT_PORTS):
+                probe = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
+                if port not in self._ports_given:
+                    ports[AGENT_PORTS[len(ports)]] = port
+                    self._ports_given.add(port)
+        return ports
 
     def logs_dir(self) -> str:
         """Where every simulated node writes its logs (they share a session)."""

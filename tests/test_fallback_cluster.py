@@ -77,6 +77,16 @@ def megatron_job(cluster, tmp_path_factory):
     """)
 
 
+def test_every_node_has_a_runtime_env_agent_of_its_own(cluster):
+    # Two simulated nodes given one agent port would have the unregistered
+    # node served by a registered node's agent (simulation.AGENT_PORTS).
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    ports = [n["RuntimeEnvAgentPort"] for n in nodes]
+    assert len(nodes) == len(cluster.nodes) and len(set(ports)) == len(ports)
+
+
 def test_every_node_gets_its_value_registered_or_not(megatron_job):
     # Megatron TP=2 under verl before Blackwell: 1 (the A100's inherited 1
     # meets it, so it is kept as the node's); Blackwell and CPU: unset.
