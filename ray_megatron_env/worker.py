@@ -67,8 +67,10 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
             import ray
 
             worker = ray._private.worker.global_worker
-            decide_here(os.environ, node_environ, _job_field(worker), _node_cache(worker, ray),
-                        lambda: _logger(worker))
+            job_env = _job_runtime_env(worker)
+            decide_here(os.environ, node_environ, job_env.get("megatron_env"),
+                        _node_cache(worker, ray), lambda: _logger(worker),
+                        job_env_vars=job_env.get("env_vars") or {})
     finally:
         then = then or _next_setup_hook()
         if then is not None:
@@ -84,26 +86,29 @@ PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNV
 
 
 def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
-                job_field: Any, cache: Any, logger: Callable[[], logging.Logger]) -> None:
+                job_field: Any, cache: Any, logger: Callable[[], logging.Logger],
+                job_env_vars: Optional[Mapping[str, str]] = None) -> None:
     """``decide_in_worker`` once per node for each set of inputs: a later
     worker with the same field, the same values of the variables a decision
     reads, and the same node facts takes the decision from the node's cache
     without importing the package's core (which costs a worker start
     several percent)."""
-    key = _decision_key(environ, node_environ, job_field, cache)
+    job_env_vars = job_env_vars or {}
+    key = _decision_key(environ, node_environ, job_field, cache, job_env_vars)
     entry = cache.decision(key) if key else None
     if entry is None:
         from .agent import log_lines
 
         before = dict(environ)
         decision = decide_in_worker(environ, node_environ, job_field,
-                                    cache.get if cache else lambda probe, kind: probe(), logger())
+                                    cache.get if cache else lambda probe, kind: probe(), logger(),
+                                    job_env_vars)
         if decision is None:
             return
         entry = {"set": {k: v for k, v in environ.items() if before.get(k) != v},
                  "unset": sorted(set(before) - set(environ)), "log": log_lines(decision)}
         # The first worker on a node probed just now: its facts key it too.
-        key = key or _decision_key(before, node_environ, job_field, cache)
+        key = key or _decision_key(before, node_environ, job_field, cache, job_env_vars)
         if key:
             cache.keep_decision(key, entry)
         return
@@ -116,7 +121,7 @@ def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mappin
 
 
 def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]],
-                  job_field: Any, cache: Any) -> Optional[str]:
+                  job_field: Any, cache: Any, job_env_vars: Mapping[str, str]) -> Optional[str]:
     import hashlib
 
     if cache is None or node_environ is None:
@@ -134,7 +139,8 @@ def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str
         return None
     names = sorted(set(PACK_VARIABLES) | set(processes))
     material = json.dumps([field, [environ.get(n) for n in names],
-                           [node_environ.get(n) for n in names], facts], sort_keys=True)
+                           [node_environ.get(n) for n in names],
+                           [job_env_vars.get(n) for n in names], facts], sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
@@ -181,14 +187,17 @@ def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
 
 def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
                      job_field: Any, cache: Callable[[Callable[[], Any], str], Any],
-                     logger: logging.Logger) -> Optional[Decision]:
+                     logger: logging.Logger,
+                     job_env_vars: Optional[Mapping[str, str]] = None) -> Optional[Decision]:
     """Decide for this worker process and update ``environ`` in place.
 
     ``node_environ`` is the node's own environment (the raylet's; None when
     it cannot be read): what differs from it in ``environ`` came from the
-    runtime env's ``env_vars``, so is explicit; the node's own values are the
-    inherited ones. ``cache(probe, kind)`` returns the node's ``gpus`` or
-    ``fabric`` facts, running ``probe`` only when no worker on the node has.
+    runtime env's ``env_vars``, so is explicit, and so is a value the job's
+    own ``env_vars`` (``job_env_vars``) gave, even where it equals the
+    node's; the node's other values are the inherited ones.
+    ``cache(probe, kind)`` returns the node's ``gpus`` or ``fabric`` facts,
+    running ``probe`` only when no worker on the node has.
     """
     if plugin_decided(environ, node_environ):
         return None
@@ -218,7 +227,9 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     if node_environ is None:
         env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:
-        env_vars = {k: v for k, v in environ.items() if node_environ.get(k) != v}
+        given = job_env_vars or {}
+        env_vars = {k: v for k, v in environ.items()
+                    if node_environ.get(k) != v or given.get(k) == v}
     before = dict(env_vars)
     decision = write_decision(spec, facts, env_vars, node_environ or {}, via=VIA_SETUP_HOOK,
                               logger=logger)
@@ -249,13 +260,15 @@ def node_environment(pid: Optional[int] = None) -> Optional[Dict[str, str]]:
     return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}
 
 
-def _job_field(worker: Any) -> Any:
-    """The field of the job's runtime env (what ``ray.init`` was given)."""
+def _job_runtime_env(worker: Any) -> Dict[str, Any]:
+    """The job's runtime env (what ``ray.init`` was given); {} where it
+    cannot be read."""
     try:
         text = worker.core_worker.get_job_config().runtime_env_info.serialized_runtime_env
-        return json.loads(text or "{}").get("megatron_env")
+        env = json.loads(text or "{}")
     except Exception:
-        return None
+        return {}
+    return env if isinstance(env, dict) else {}
 
 
 def _node_cache(worker: Any, ray: Any) -> Any:

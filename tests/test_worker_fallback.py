@@ -82,6 +82,25 @@ def test_a_value_from_env_vars_is_explicit_and_kept():
     assert "breaks a preferred rule" in decision.warnings[0]
 
 
+def test_a_job_env_vars_value_equal_to_the_nodes_own_is_explicit():
+    # The plugin sees the job's env_vars as explicit; the hook reads them
+    # from the job config, so it agrees even where the node exports the same.
+    node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    environ = worker(node_env)
+    decision = decide_in_worker(environ, node_env, FSDP, direct, LOG,
+                                job_env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert (decision.value, decision.source) == ("1", "explicit")
+    assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_an_actors_value_over_the_jobs_is_explicit_too():
+    node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    environ = worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="4")
+    decision = decide_in_worker(environ, node_env, FSDP, direct, LOG,
+                                job_env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert (decision.value, decision.source) == ("4", "explicit")
+
+
 def test_the_workers_own_field_wins_over_the_jobs():
     node_env = node("9.0")
     environ = worker(node_env, **{FIELD_VARIABLE: json.dumps(FSDP)})
@@ -349,6 +368,10 @@ def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkey
                     cache, lambda: LOG)
     with pytest.raises(AssertionError, match="the core ran again"):
         decide_here(worker(node_env), node_env, FSDP, cache, lambda: LOG)
+    # The same worker environment under a job whose env_vars gave the value.
+    with pytest.raises(AssertionError, match="the core ran again"):
+        decide_here(worker(node_env), node_env, MEGATRON_TP2, cache, lambda: LOG,
+                    job_env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "4"})
 
 
 def test_the_workers_lists_of_names_match_the_cores():
