@@ -23,6 +23,9 @@ from ray_megatron_env.node import FAKE_NODE_VARIABLE
 from ray_megatron_env.simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
+# A node where the package is not installed (tests/fakes/not_installed).
+NOT_INSTALLED = {"PYTHONPATH": str(FAKES / "not_installed"),
+                 "RAY_MEGATRON_ENV_TEST_HIDE": str(Path(ray_megatron_env.__file__).parent)}
 _FAKE_PATH = f"{FAKES}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
@@ -80,6 +83,9 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
         SimulatedNode("two_plugins", "8.0", {"PYTHONPATH": str(FAKES),
                                              "RAY_RUNTIME_ENV_PLUGINS": plugins}),
         _smi_node("smi_missing", CUDA_VISIBLE_DEVICES="5"),
+        # Neither installed nor registered: reached only by a job that ships
+        # the package in py_modules.
+        SimulatedNode("not_installed", "9.0", NOT_INSTALLED, plugin=False),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -172,15 +173,34 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
         return NodeReport(node_id, ip, None, None, label=label,
                           error=f"no answer within {timeout_s:g} s (node busy or dead?)")
     if isinstance(answer, Exception):
-        lines = [line for line in str(answer).strip().splitlines() if line.strip()]
-        return NodeReport(node_id, ip, None, None, label=label,
-                          error=f"{type(answer).__name__}: {lines[-1] if lines else ''}")
+        return NodeReport(node_id, ip, None, None, label=label, error=_error_text(answer))
     value, text = answer[:2]
     decision = Decision.from_json(text) if text else None
     registered = decision is not None and (decision.via or VIA_PLUGIN) == VIA_PLUGIN
     return NodeReport(node_id, ip, registered, value, decision, label=label,
                       advice=_advice(answer[2], text, label or node_id[:8])
                       if len(answer) > 2 and text else None)
+
+
+# The line of a traceback that names the exception ("ModuleNotFoundError: ...",
+# "ray_megatron_env.plugin.BrokenInstallError: ...").
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b[^:]*: ")
+NOT_SHIPPED = ("the job env's setup hook could not import this package on the node: install "
+               "it there, or ship it with the job (check --ship-package; "
+               "base={'py_modules': [ray_megatron_env]})")
+
+
+def _error_text(error: Exception) -> str:
+    """What went wrong, in one line: the exception the node raised (Ray puts
+    it inside a longer text: a setup hook's traceback ends with Ray's own
+    line about the actor), not the last line of the text."""
+    text = str(error)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    line = named[-1] if named else (lines[-1] if lines else "")
+    if "setup hook" in text and "No module named 'ray_megatron_env'" in line:
+        return f"{type(error).__name__}: {NOT_SHIPPED} ({line})"
+    return f"{type(error).__name__}: {line}"
 
 
 def _advice(fabric_json: str, decision_json: str, where: str) -> Optional[str]:
@@ -206,10 +226,17 @@ def _advice(fabric_json: str, decision_json: str, where: str) -> Optional[str]:
     return "; ".join(notes) or None
 
 
+# Fields whose local paths or modules Ray uploads only from ray.init
+# ("only supported at the job level", ray/_private/runtime_env/validation.py);
+# an actor's env inherits them from the job's.
+JOB_LEVEL_UPLOADS = ("py_modules", "working_dir")
+
+
 def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
                   address: Optional[str] = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S,
-                  packs: Optional[Sequence[str]] = None) -> List[NodeReport]:
+                  packs: Optional[Sequence[str]] = None,
+                  base: Optional[Dict[str, Any]] = None) -> List[NodeReport]:
     """Preflight every alive node.
 
     From a connected driver it uses that connection; otherwise it connects to
@@ -218,20 +245,30 @@ def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
     engine, which still shows each node's GPUs, registration and inherited
     value. ``packs`` as in ``build_runtime_env``; with a config, each node's
     fabric is read too, and a pack the job did not ask for that would
-    prevent a failure there is named in the report's ``advice``.
+    prevent a failure there is named in the report's ``advice``. ``base``
+    as in ``build_runtime_env``: the job's own runtime env, e.g.
+    ``{"py_modules": [ray_megatron_env]}`` to check nodes where the package
+    is not installed the way a job that ships it reaches them. Ray uploads
+    local ``py_modules`` and ``working_dir`` only from ``ray.init``, so they
+    go into the connection check makes itself; from a connected driver they
+    are left out, as the driver's own ``ray.init`` env is what its workers
+    (the probe actors too) inherit.
     """
     import ray
 
     # Without a config the field names no engine, in a runtime env made the
     # way a job's is, so both paths show what they see on every node.
     runtime_env = build_runtime_env(config if config is not None else Spec().to_field(),
-                                    role=role if config is not None else None, packs=packs)
+                                    role=role if config is not None else None, packs=packs,
+                                    base=base)
     asked = set(runtime_env[FIELD].get("packs", ()))
     advise = config is not None and any(p not in asked for p in OPTIONAL_PACKS)
+    uploads = {key: runtime_env.pop(key) for key in JOB_LEVEL_UPLOADS if key in runtime_env}
     connected_here = not ray.is_initialized()
     if connected_here:
         _ensure_reachable(address or "auto")
-        ray.init(address=address or "auto", log_to_driver=False, logging_level="WARNING")
+        ray.init(address=address or "auto", log_to_driver=False, logging_level="WARNING",
+                 runtime_env=uploads or None)
     try:
         return observe_many([(alive_nodes(), runtime_env)], timeout_s, fabric=advise)[0]
     finally:

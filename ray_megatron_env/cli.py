@@ -8,11 +8,12 @@ the key); 3 the cluster is unreachable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import textwrap
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import MegatronEnvError
 
@@ -110,7 +111,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     nodes = ", ".join(f"{n.name} ({n.fake_gpus}{'' if n.plugin else ', no plugin'})"
                       for n in DEMO_NODES)
     print(f"Starting a local simulated Ray cluster: {nodes} ...", file=sys.stderr)
-    results = run_demo(args.config, roles=[_roles(args.role)], packs=_packs(args.packs))
+    with ray_messages_to_stderr():
+        results = run_demo(args.config, roles=[_roles(args.role)], packs=_packs(args.packs))
     if args.json:
         print(json.dumps([{"scenario": r.title, "role": r.role,
                            "nodes": [n.to_dict() for n in r.reports]} for r in results], indent=2))
@@ -132,8 +134,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_cluster
 
     try:
-        reports = check_cluster(args.config, role=_roles(args.role), address=args.address,
-                                timeout_s=args.timeout, packs=_packs(args.packs))
+        with ray_messages_to_stderr():
+            reports = check_cluster(args.config, role=_roles(args.role), address=args.address,
+                                    timeout_s=args.timeout, packs=_packs(args.packs),
+                                    base=_shipped_package() if args.ship_package else None)
     except ConnectionError as exc:
         print(f"ray-megatron-env check: cannot reach the cluster: {exc}", file=sys.stderr)
         return UNREACHABLE
@@ -142,6 +146,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(format_check(reports))
     return PROBLEM if args.strict and any(not r.ok for r in reports) else OK
+
+
+def ray_messages_to_stderr() -> "contextlib.AbstractContextManager[Any]":
+    """While the verb's driver is connected: Ray's driver prints what the
+    cluster reports (a worker that died, "(raylet) A worker died ...") to
+    sys.stdout from a thread of its own (ray/_private/worker.py,
+    listen_error_messages), which would corrupt --json output. The verb's
+    own output follows, on the real stdout."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def _shipped_package() -> Dict[str, Any]:
+    """A runtime env that carries this package to the workers (py_modules)."""
+    import ray_megatron_env
+
+    return {"py_modules": [ray_megatron_env]}
 
 
 def format_check(reports: List[Any]) -> str:
@@ -321,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "failed GPU probe, or breaks a hard requirement")
     check.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for all nodes to answer (60)")
+    check.add_argument("--ship-package", action="store_true",
+                       help="ship this package to the probe actors in py_modules, as a job "
+                            "that ships it does (for nodes where it is not installed)")
     check.add_argument("--json", action="store_true", help="a JSON array, one object per node")
     check.set_defaults(run=cmd_check)
 

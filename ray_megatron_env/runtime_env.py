@@ -14,6 +14,7 @@ import enum
 import json
 import os
 import warnings
+from types import ModuleType
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import FieldValueError
@@ -198,11 +199,19 @@ def plain_runtime_env(base: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def _to_container(value: Any) -> Any:
-    """A deep, plain copy (Ray cannot serialise OmegaConf containers)."""
+    """A deep, plain copy (Ray cannot serialise OmegaConf containers). A
+    module (``py_modules: [ray_megatron_env]``, which Ray uploads from the
+    driver) is kept as it is: modules cannot be copied."""
     if _is_omegaconf(value):
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {key: _to_container(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_to_container(item) for item in value)
+    if isinstance(value, ModuleType):
+        return value
     return copy.deepcopy(value)
 
 

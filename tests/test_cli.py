@@ -271,6 +271,47 @@ def test_check_reports_problems_but_fails_only_with_strict(capsys, monkeypatch):
     assert code == 1
 
 
+def test_check_json_stays_json_when_ray_prints_to_stdout(capsys, monkeypatch):
+    # Ray's driver prints "(raylet) A worker died ..." to sys.stdout from a
+    # thread of its own while connected; --json must still parse.
+    from ray_megatron_env import check
+    from ray_megatron_env.check import NodeReport
+
+    def check_cluster(*args, **kwargs):
+        print("(raylet) A worker died or was killed while executing a task")
+        return [NodeReport("ab12cd34" + "0" * 48, "10.0.0.7", False, None)]
+
+    monkeypatch.setattr(check, "check_cluster", check_cluster)
+    code, out, err = run(capsys, "check", "--json")
+    assert json.loads(out)[0]["ip"] == "10.0.0.7"
+    assert "(raylet) A worker died" in err
+
+
+def test_check_names_the_exception_inside_rays_text():
+    # A setup hook that failed: Ray's text ends with its own line about the
+    # actor, after the hook's traceback (Ray 2.60).
+    from ray_megatron_env.check import _report
+
+    class ActorDiedError(Exception):
+        pass
+
+    died = ActorDiedError(
+        "The actor died unexpectedly before finishing this task.\n"
+        "Worker exit detail: Failed to execute the setup hook method, "
+        "ray_megatron_env.worker.setup_hook from ...\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in find_spec\n'
+        "ModuleNotFoundError: No module named 'ray_megatron_env'\n\n"
+        "The actor never ran - it was cancelled before it started running.")
+    report = _report("n" * 56, "10.0.0.7", died, 60, None)
+    assert report.error.startswith("ActorDiedError: the job env's setup hook could not import "
+                                   "this package on the node")
+    assert "check --ship-package" in report.error
+    assert report.error.endswith("(ModuleNotFoundError: No module named 'ray_megatron_env')")
+    other = _report("n" * 56, "10.0.0.7", ActorDiedError("a\nValueError: bad\nlast words"),
+                    60, None)
+    assert other.error == "ActorDiedError: ValueError: bad"
+
+
 def test_a_table_of_workers_classified_alike_leaves_the_classification_out():
     from ray_megatron_env.check import NodeReport
     from ray_megatron_env.cli import format_reports

@@ -13,6 +13,8 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
+import ray_megatron_env
+from jobs import run_job
 from ray_megatron_env import build_runtime_env
 
 CLUSTER = "faults"
@@ -113,3 +115,57 @@ def test_an_amd_node_is_named_and_follows_megatrons_major_9(cluster):
     assert decision["gpus"] == ["amd"] and decision["probe"]["vendor"] == "amd"
     assert "AMD (ROCm) GPUs" in decision["reason"]
     assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_a_node_without_the_package_is_decided_when_the_job_ships_it(cluster, tmp_path):
+    # The README's py_modules line: the node has neither the package nor
+    # the plugin; the job's env carries both the setup hook and the package.
+    got = run_job(cluster, tmp_path, f"""
+        import ray_megatron_env
+        env = build_runtime_env({MEGATRON_TP2!r}, base={{"py_modules": [ray_megatron_env]}})
+        ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
+        print(json.dumps(on(["not_installed", "h100"])))
+    """)
+    assert {n: (v, via, source) for n, (v, via, source, *_) in got.items()} == {
+        "not_installed": ("1", "setup-hook", "policy"), "h100": ("1", "plugin", "policy")}
+
+
+def test_a_node_without_the_package_says_so_when_the_job_does_not_ship_it(cluster, tmp_path):
+    # Ray runs the hook before the worker takes anything: the worker exits
+    # with the hook's error, which an actor's death carries.
+    got = run_job(cluster, tmp_path, f"""
+        ray.init(address=sys.argv[1], log_to_driver=False,
+                 runtime_env=build_runtime_env({MEGATRON_TP2!r}))
+
+        @ray.remote(num_cpus=0, max_restarts=0)
+        class Trainer:
+            def ping(self):
+                return 1
+
+        trainer = Trainer.options(resources={{"rme_not_installed": 1}}).remote()
+        try:
+            ray.get(trainer.ping.remote(), timeout=120)
+            print(json.dumps({{"error": None}}))
+        except Exception as exc:
+            print(json.dumps({{"error": str(exc)}}))
+    """)
+    assert "No module named 'ray_megatron_env'" in got["error"], got
+    assert "ray_megatron_env.worker.setup_hook" in got["error"], got
+
+
+def test_check_ships_the_package_as_a_job_would(cluster):
+    # check connects itself (a driver of its own), as the CLI does.
+    def on_node(*options):
+        result = subprocess.run([sys.executable, "-m", "ray_megatron_env", "check", "--address",
+                                 cluster.address, "--json", *options],
+                                capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stderr[-3000:]
+        node_id = cluster.node_ids["not_installed"]
+        return next(r for r in json.loads(result.stdout) if r["node_id"] == node_id)
+
+    shipped = on_node("--ship-package")
+    assert (shipped["via"], shipped["registered"], shipped["ok"]) == ("setup-hook", False, True)
+    assert shipped["decision"]["gpus"] == ["9.0"]
+    bare = on_node()
+    assert not bare["ok"] and "setup hook could not import this package" in bare["error"]
+    assert "No module named 'ray_megatron_env'" in bare["error"]

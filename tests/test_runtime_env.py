@@ -60,6 +60,18 @@ def test_base_is_merged_and_left_untouched():
     assert "X" not in base["env_vars"]
 
 
+def test_base_may_ship_this_package_as_a_module():
+    # The README's line for nodes without the package: Ray uploads a module
+    # object in py_modules from the driver; it cannot be copied, so it is kept.
+    import ray_megatron_env
+
+    base = {"py_modules": [ray_megatron_env, "other/dir"], "env_vars": {"A": "1"}}
+    env = build_runtime_env(verl(), base=base)
+    assert env["py_modules"][0] is ray_megatron_env and env["py_modules"][1] == "other/dir"
+    env["py_modules"].append("x")
+    assert base["py_modules"] == [ray_megatron_env, "other/dir"]
+
+
 def test_base_may_be_a_dictconfig():
     base = OmegaConf.create({"env_vars": {"A": "${oc.select:missing,fallback}"}})
     assert build_runtime_env(verl(), base=base)["env_vars"]["A"] == "fallback"

@@ -1,0 +1,38 @@
+"""A job as a user runs one: a driver script whose ray.init env is given in
+its body (Ray honours worker_process_setup_hook only in the job's env), and
+what a task on each named node saw."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+PRELUDE = """
+import json, os, sys, ray
+from ray_megatron_env import build_runtime_env
+
+@ray.remote(num_cpus=0)
+def seen():
+    text = os.environ.get("RAY_MEGATRON_ENV_DECISION")
+    d = json.loads(text) if text else {}
+    return [os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), d.get("via"), d.get("source"),
+            os.environ.get("USER_HOOK_RAN"), d.get("probe", {}).get("probed_at")]
+
+def on(names, **options):
+    refs = [seen.options(resources={"rme_" + n: 1}, **options).remote() for n in names]
+    return dict(zip(names, ray.get(refs, timeout=150)))
+"""
+
+
+def run_job(cluster, tmp_path, body):
+    """Run the driver (``sys.argv[1]`` is the cluster's address); the last
+    line it prints, as JSON."""
+    script = tmp_path / "job.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("RAY_MEGATRON_ENV_") and k != "RAY_RUNTIME_ENV_HOOK"}
+    result = subprocess.run([sys.executable, str(script), cluster.address], capture_output=True,
+                            text=True, timeout=240, env=environ)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
