@@ -4,7 +4,10 @@ import json
 import subprocess
 import sys
 
+from configs import MEGATRON_TP2, verl
 from conftest import NODE_SETS
+from ray_megatron_env import check_cluster
+from ray_megatron_env.check import alive_nodes
 
 CLUSTER = "registered"
 
@@ -68,8 +71,6 @@ def test_each_worker_gets_its_nodes_nccl_values_with_its_cuda_value(cluster):
 
 
 def test_check_names_the_pack_a_job_did_not_ask_for(cluster):
-    from ray_megatron_env import check_cluster
-
     reports = check_cluster({"engines": {"actor": {"strategy": "megatron",
                                                    "tensor_parallel": 2}}})
     names = {node_id: name for name, node_id in cluster.node_ids.items()}
@@ -79,3 +80,13 @@ def test_check_names_the_pack_a_job_did_not_ask_for(cluster):
     assert "nccl-fabric would set NCCL_MNNVL_ENABLE=0" in advice["b200"]
     assert "IMEX channel absent" in advice["b200"]
     assert all(not r.decision.packs for r in reports)  # the job itself is unchanged
+
+
+def test_check_cluster_api_from_a_connected_driver_for_one_role(cluster):
+    reports = {r.node_id: r for r in check_cluster(verl(*MEGATRON_TP2), role="actor")}
+    assert set(reports) == {node_id for node_id, _ in alive_nodes()}
+    assert all(r.ok and r.registered and r.via == "plugin" for r in reports.values())
+    assert reports[cluster.node_ids["b200"]].value is None
+    a100 = reports[cluster.node_ids["a100"]]
+    assert (a100.value, a100.decision.rules) == ("1", {"actor": "megatron-model-parallel"})
+

@@ -1,9 +1,16 @@
-"""The README's main job, run as a user runs it."""
+"""The README's main job, run as a user runs it.
+
+Marked slow (about 45 s here: a cluster of its own and 30 worker starts):
+the README's test command leaves it, like the load test, to .ci/run, which
+runs both; the README's first command runs the same job.
+"""
 
 import json
 import socket
 import subprocess
 import sys
+
+import pytest
 
 from ray_megatron_env.check import NodeReport
 from ray_megatron_env.cli import format_reports
@@ -12,6 +19,7 @@ from ray_megatron_env.decision import Decision
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 
 
+@pytest.mark.slow
 def test_demo_reports_every_node_for_every_example(no_cluster):
     # As beside another Ray on this machine, whose dashboard holds Ray's
     # default port (if something holds it already, so much the better).

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_TP2, MEGATRON_YAML, verl
-from ray_megatron_env import build_runtime_env, check_cluster
-from ray_megatron_env.check import alive_nodes, observe
+from ray_megatron_env import build_runtime_env
+from ray_megatron_env.check import observe
 from ray_megatron_env.check import NodeReport
 from ray_megatron_env.cli import PROBLEM, format_check
 from ray_megatron_env.decision import Decision
@@ -74,16 +74,6 @@ def test_check_text_names_the_node_by_short_id_and_ip(cluster, strict_check):
     assert f"{len(NODE_SETS['standard'])} node(s) checked, 2 with a problem." in text
     assert "PROBLEM: the GPU probe failed" in text
     assert max(len(line) for line in text.splitlines()) <= 100
-
-
-def test_check_cluster_api_from_a_connected_driver(cluster):
-    reports = {r.node_id: r for r in check_cluster(verl(*MEGATRON_TP2), role="actor")}
-    assert set(reports) == {node_id for node_id, _ in alive_nodes()}
-    assert reports[cluster.node_ids["b200"]].value is None
-    assert reports[cluster.node_ids["v100"]].decision.rules == {"actor": "megatron-model-parallel"}
-    assert {node_id for node_id, r in reports.items() if not r.ok} == {
-        cluster.node_ids[name] for name in PROBE_FAILS}
-    assert reports[cluster.node_ids["unplugged"]].via == "setup-hook"
 
 
 def test_check_flags_an_explicit_value_that_breaks_a_required_rule(cluster):
