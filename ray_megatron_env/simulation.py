@@ -37,9 +37,9 @@ REGISTRATION = json.dumps([{"class": CLASS_PATH}])
 # 2 cores: about 0.9 CPU-s per worker with 9 starting at once, 0.6 with 2).
 # One start at a time per simulated node instead.
 SHARED_CORES = {"RAY_worker_maximum_startup_concurrency": "1"}
-# The ports a node's agents listen on. Ray before 2.4x picks them in Python
-# (Node._get_cached_port), each a random free port that excludes only the
-# same node's others: two simulated nodes on one host can pick the same port
+# The ports a node's agents listen on. Some Ray versions pick them in Python
+# (Node._get_cached_port: 2.41 does; 2.60's raylet binds port 0 itself),
+# each a random free port that excludes only the same node's others: two simulated nodes on one host can pick the same port
 # before either agent binds it. The second agent then fails to bind and its
 # raylet talks to the first node's runtime-env agent, so a node started
 # without the plugin is served by a registered one (seen on Ray 2.41 in CI).
