@@ -206,7 +206,10 @@ def our_ray_processes(token: str) -> Dict[int, str]:
         except OSError:
             continue
         if state != "Z" and marker in environ and any(n in command for n in _RAY_PROCESS):
-            found[int(entry)] = command[:120]
+            # Which simulated node it belongs to, for the report.
+            node = [e.decode(errors="replace") for e in environ
+                    if e.startswith((b"RAY_MEGATRON_ENV_FAKE_GPUS=", b"PYTHONPATH="))]
+            found[int(entry)] = f"{command[:300]} {node}"
     return found
 
 

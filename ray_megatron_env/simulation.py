@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from .plugin import CLASS_PATH
 from .probe import FAKE_VARIABLE
@@ -44,6 +46,7 @@ SHARED_CORES = {"RAY_worker_maximum_startup_concurrency": "1"}
 # raylet talks to the first node's runtime-env agent, so a node started
 # without the plugin is served by a registered one (seen on Ray 2.41 in CI).
 # Real nodes are separate hosts; here every node gets ports of its own.
+STRAGGLER_GRACE_S = 5.0  # how long a process may take to leave after shutdown
 AGENT_PORTS = ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port",
                "runtime_env_agent_port")
 
@@ -174,6 +177,7 @@ class SimulatedCluster:
         if self._cluster is not None:
             self._cluster.shutdown()
             self._cluster = None
+            self._stop_stragglers()
         if self._saved_tmpdir is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
@@ -181,6 +185,47 @@ class SimulatedCluster:
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+    def _stop_stragglers(self) -> None:
+        """Stop what Ray's own shutdown left running. A node's dashboard
+        agent leaves by itself when it sees its raylet gone, but it only
+        starts watching once it has finished starting: one still starting
+        when the cluster stops (its GCS already gone) lingers for a minute
+        (seen on Ray 2.41). Every process of this cluster carries its
+        RAY_TMPDIR; those still there after a grace period are killed."""
+        deadline = time.monotonic() + STRAGGLER_GRACE_S
+        left = self._ray_processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = self._ray_processes()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _ray_processes(self) -> List[int]:
+        """Live Ray processes started under this cluster's RAY_TMPDIR
+        (none where /proc cannot be read)."""
+        marker = f"RAY_TMPDIR={self._tmpdir}".encode()
+        found = []
+        try:
+            entries = [e for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()]
+        except OSError:
+            return []
+        for entry in entries:
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read()
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except (OSError, IndexError):
+                continue
+            if state != "Z" and b"/ray/" in command and marker in environ:
+                found.append(int(entry))
+        return found
 
     def __enter__(self) -> "SimulatedCluster":
         return self.start()
