@@ -157,11 +157,17 @@ def ray_messages_to_stderr() -> "contextlib.AbstractContextManager[Any]":
     return contextlib.redirect_stdout(sys.stderr)
 
 
-def _shipped_package() -> Dict[str, Any]:
-    """A runtime env that carries this package to the workers (py_modules)."""
+def _shipped_package(base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``base`` (a runtime env) with this package's folder added to its
+    ``py_modules``: Ray uploads it with the job (from ray.init, or from
+    ray job submit), for the driver and the workers on nodes without it."""
     import ray_megatron_env
 
-    return {"py_modules": [ray_megatron_env]}
+    env = dict(base or {})
+    folder = os.path.dirname(os.path.abspath(ray_megatron_env.__file__))
+    modules = list(env.get("py_modules") or [])
+    env["py_modules"] = modules if folder in modules else [*modules, folder]
+    return env
 
 
 def format_check(reports: List[Any]) -> str:
@@ -237,6 +243,8 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
                                "after -- (slime: ray-megatron-env runtime-env --json -- "
                                "--tensor-model-parallel-size 2 ...), not both")
     base = load_yaml(args.base) if args.base else _json_object(args.base_json)
+    if args.ship_package and (base is None or isinstance(base, dict)):
+        base = _shipped_package(base)  # any other base: build_runtime_env says what is wrong
     # read once, for both uses below
     config = to_plain(args.config if args.config is not None else args.command)
     env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over,
@@ -406,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_env.add_argument("--take-over", action="store_true",
                              help="remove a hard-coded CUDA_DEVICE_MAX_CONNECTIONS (from the "
                                   "base and, through the driver hook, from the job's driver)")
+    runtime_env.add_argument("--ship-package", action="store_true",
+                             help="add this package's folder to py_modules: ray job submit "
+                                  "uploads it, for nodes (and a head) where it is not installed")
     runtime_env.add_argument("--json", action="store_true", help="JSON instead of YAML")
     runtime_env.set_defaults(run=cmd_runtime_env)
     return parser

@@ -188,6 +188,22 @@ def test_runtime_env_without_take_over_keeps_the_value_explicit(capsys, tmp_path
     assert sorted(env["megatron_env"]["engines"]) == ["actor", "critic"]
 
 
+def test_runtime_env_ships_the_package_beside_the_bases_own_modules(capsys, tmp_path):
+    # For ray job submit to a cluster without the package: the job uploads it.
+    import ray_megatron_env
+
+    folder = str(Path(ray_megatron_env.__file__).parent)
+    base = tmp_path / "runtime_env.yaml"
+    base.write_text("py_modules: [./mine]\n")
+    code, out, _ = run(capsys, "runtime-env", MEGATRON_YAML, "--base", base, "--ship-package")
+    assert code == OK
+    assert yaml.safe_load(out)["py_modules"] == ["./mine", folder]
+    # Already there: not twice.
+    _, out, _ = run(capsys, "runtime-env", MEGATRON_YAML, "--ship-package", "--json",
+                    "--base-json", json.dumps({"py_modules": [folder]}))
+    assert json.loads(out)["py_modules"] == [folder]
+
+
 def test_runtime_env_leaves_a_value_set_in_the_config_to_verls_driver(capsys, tmp_path):
     # verl's driver applies ray_kwargs.ray_init.runtime_env itself; a second
     # copy in the job env would make Ray refuse to merge the two.

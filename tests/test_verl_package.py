@@ -134,9 +134,9 @@ def test_a_standalone_rollout_group_and_the_trainer_differ_under_one_job_env(as_
         _release(rollout, rollout_pool)
 
 
-@pytest.mark.parametrize("take_over", [False, True])
+@pytest.mark.parametrize("options", [[], ["--take-over"], ["--take-over", "--ship-package"]])
 def test_the_submitted_job_env_merges_with_verls_own_ray_init_env(monkeypatch, capsys,
-                                                                  take_over):
+                                                                  options):
     # ray job submit --runtime-env (the runtime-env verb's output), then
     # verl's main_ppo in the job: ray.init(runtime_env=get_ppo_ray_runtime_env(config))
     # with the submitted env_vars in its environment. Ray refuses the merge
@@ -151,9 +151,13 @@ def test_the_submitted_job_env_merges_with_verls_own_ray_init_env(monkeypatch, c
     base = {"working_dir": "./", "env_vars": {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
                                               "VERL_FULL_DETERMINISM": "0"}}
     args = ["runtime-env", str(MEGATRON_YAML), "--json", "--base-json", json.dumps(base)]
-    assert main(args + (["--take-over"] if take_over else [])) == 0
+    assert main(args + options) == 0
     submitted = json.loads(capsys.readouterr().out)
     assert "worker_process_setup_hook" in submitted and "megatron_env" in submitted
+    if "--ship-package" in options:
+        import ray_megatron_env
+
+        assert submitted["py_modules"] == [os.path.dirname(ray_megatron_env.__file__)]
     # What Ray gives a submitted job's driver: the env_vars in its
     # environment, and the submitted runtime env in the job config variable
     # that verl reads (RAY_JOB_CONFIG_JSON_ENV_VAR).
