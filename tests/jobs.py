@@ -27,7 +27,9 @@ def on(names, **options):
 
 def run_job(cluster, tmp_path, body):
     """Run the driver (``sys.argv[1]`` is the cluster's address); the last
-    line it prints, as JSON."""
+    JSON line it prints. Ray's driver prints what the cluster reports (a
+    worker that died, with its traceback) to stdout from a thread of its
+    own, so that can come after the driver's own last line."""
     script = tmp_path / "job.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     environ = {k: v for k, v in os.environ.items()
@@ -35,4 +37,6 @@ def run_job(cluster, tmp_path, body):
     result = subprocess.run([sys.executable, str(script), cluster.address], capture_output=True,
                             text=True, timeout=240, env=environ)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("{", "["))]
+    assert lines, result.stdout[-3000:]
+    return json.loads(lines[-1])
