@@ -20,7 +20,9 @@ import pytest
 
 import ray_megatron_env
 from ray_megatron_env.node import FAKE_NODE_VARIABLE
-from ray_megatron_env.simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
+from ray_megatron_env.simulation import (
+    MIXED_NODES, SimulatedCluster, SimulatedNode, ray_processes,
+)
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
 # A node where the package is not installed (tests/fakes/not_installed).
@@ -182,8 +184,6 @@ def no_cluster(cluster_pool) -> None:
     cluster_pool.close()
 
 
-_RAY_PROCESS = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_monitor",
-                "default_worker", "monitor.py")
 # Every process this test session starts, and every process those start
 # (Ray's raylets hand their environment to agents and workers), carries this
 # variable with the session's own token: how the leak check tells our Ray
@@ -192,24 +192,18 @@ SESSION_VARIABLE = "RAY_MEGATRON_ENV_TEST_SESSION"
 
 
 def our_ray_processes(token: str) -> Dict[int, str]:
-    """Live (not zombie) Ray processes whose environment carries ``token``."""
-    marker = f"{SESSION_VARIABLE}={token}".encode()
+    """Live Ray processes this session started (their environment carries
+    ``token``), each with its command line and the simulated node it
+    belonged to, for the report."""
     found = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for pid, command in ray_processes(f"{SESSION_VARIABLE}={token}").items():
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                node = [e.decode(errors="replace") for e in f.read().split(b"\0")
+                        if e.startswith((b"RAY_MEGATRON_ENV_FAKE_GPUS=", b"PYTHONPATH="))]
         except OSError:
-            continue
-        if state != "Z" and marker in environ and any(n in command for n in _RAY_PROCESS):
-            # Which simulated node it belongs to, for the report.
-            node = [e.decode(errors="replace") for e in environ
-                    if e.startswith((b"RAY_MEGATRON_ENV_FAKE_GPUS=", b"PYTHONPATH="))]
-            found[int(entry)] = f"{command[:300]} {node}"
+            node = []
+        found[pid] = f"{command[:300]} {node}"
     return found
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 from .plugin import CLASS_PATH
 from .probe import FAKE_VARIABLE
@@ -47,6 +47,9 @@ SHARED_CORES = {"RAY_worker_maximum_startup_concurrency": "1"}
 # without the plugin is served by a registered one (seen on Ray 2.41 in CI).
 # Real nodes are separate hosts; here every node gets ports of its own.
 STRAGGLER_GRACE_S = 5.0  # how long a process may take to leave after shutdown
+# What a Ray process's command line holds: raylet, GCS, agents, workers.
+RAY_PROCESS_NAMES = ("raylet", "gcs_server", "ray::", "dashboard", "runtime_env", "log_monitor",
+                     "default_worker", "monitor.py")
 AGENT_PORTS = ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port",
                "runtime_env_agent_port")
 
@@ -193,42 +196,45 @@ class SimulatedCluster:
         when the cluster stops (its GCS already gone) lingers for a minute
         (seen on Ray 2.41). Every process of this cluster carries its
         RAY_TMPDIR; those still there after a grace period are killed."""
+        ours = f"RAY_TMPDIR={self._tmpdir}"
         deadline = time.monotonic() + STRAGGLER_GRACE_S
-        left = self._ray_processes()
+        left = ray_processes(ours)
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = self._ray_processes()
+            left = ray_processes(ours)
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 
-    def _ray_processes(self) -> List[int]:
-        """Live Ray processes started under this cluster's RAY_TMPDIR
-        (none where /proc cannot be read)."""
-        marker = f"RAY_TMPDIR={self._tmpdir}".encode()
-        found = []
-        try:
-            entries = [e for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()]
-        except OSError:
-            return []
-        for entry in entries:
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    command = f.read()
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-            except (OSError, IndexError):
-                continue
-            if state != "Z" and b"/ray/" in command and marker in environ:
-                found.append(int(entry))
-        return found
-
     def __enter__(self) -> "SimulatedCluster":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def ray_processes(environment_entry: str) -> Dict[int, str]:
+    """Live (not zombie) Ray processes, other than this one, whose
+    environment holds ``environment_entry`` ("NAME=value"), with their
+    command lines; none where /proc cannot be read."""
+    marker = environment_entry.encode()
+    found = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()]
+    except OSError:
+        return {}
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and marker in environ and any(n in command for n in RAY_PROCESS_NAMES):
+            found[int(entry)] = command
+    return found
