@@ -25,6 +25,13 @@ def on(names, **options):
 """
 
 
+def driver_environment():
+    """This process's environment as a user's driver would have it: none of
+    this package's variables, no driver hook (a test sets its own)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("RAY_MEGATRON_ENV_") and k != "RAY_RUNTIME_ENV_HOOK"}
+
+
 def run_job(cluster, tmp_path, body):
     """Run the driver (``sys.argv[1]`` is the cluster's address); the last
     JSON line it prints. Ray's driver prints what the cluster reports (a
@@ -32,10 +39,8 @@ def run_job(cluster, tmp_path, body):
     own, so that can come after the driver's own last line."""
     script = tmp_path / "job.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith("RAY_MEGATRON_ENV_") and k != "RAY_RUNTIME_ENV_HOOK"}
     result = subprocess.run([sys.executable, str(script), cluster.address], capture_output=True,
-                            text=True, timeout=240, env=environ)
+                            text=True, timeout=240, env=driver_environment())
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith(("{", "["))]
     assert lines, result.stdout[-3000:]

@@ -13,7 +13,6 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-import ray_megatron_env
 from jobs import run_job
 from ray_megatron_env import build_runtime_env
 

@@ -2,7 +2,6 @@
 and verl's driver paths (see conftest.py for the nodes)."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,7 @@ import time
 
 import pytest
 
-from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_TP2, MEGATRON_YAML, verl
+from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_YAML, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.check import observe
 from ray_megatron_env.check import NodeReport
@@ -19,6 +18,7 @@ from ray_megatron_env.decision import Decision
 from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
 
 from conftest import NODE_SETS, UNREGISTERED
+from jobs import driver_environment
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 # Nodes of the standard set whose GPU probe fails on purpose (conftest.py).
@@ -108,10 +108,8 @@ def run_driver(cluster, tmp_path, *parts, env=None):
         def on(*names):
             return [ray.get(seen.options(resources={{"rme_" + n: 1}}).remote()) for n in names]
     """) + "".join(textwrap.dedent(part) for part in parts))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_MEGATRON_ENV_")}
-    environ.pop("RAY_RUNTIME_ENV_HOOK", None)
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=180, env={**environ, **(env or {})})
+                          timeout=180, env={**driver_environment(), **(env or {})})
 
 
 HOOK = {"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}
