@@ -67,7 +67,7 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
     # A module that cannot be imported (a deleted file would be found again
     # through an editable install's import hook).
     broken = _shadow_install(workdir, "broken",
-                             lambda p: (p / "policy.py").write_text("def broken(:\n"))
+                             lambda p: (p / "packs" / "connections.py").write_text("def broken(:\n"))
     older = _shadow_install(workdir, "older", _older)
     plugins = ('[{"class": "other_plugin.OtherPlugin"}, '
                '{"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}]')

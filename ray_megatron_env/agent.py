@@ -14,12 +14,13 @@ from typing import Any, List, Mapping, MutableMapping, Optional, Tuple
 
 from .decision import VIA_PLUGIN, Decision, decide_node
 from .fabric_probe import probe_fabric
-from .field import explicit_value, parse_field
+from .field import parse_field
+from .packs.connections import explicit_value
 from .gpus import NodeGpus
 from .node import NodeFacts
 from .packs import get_pack
 from .probe import ProbeCache
-from .rules import VARIABLE
+from .engines import VARIABLE
 from .spec import Spec
 from .values import FIELD
 

@@ -19,8 +19,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .decision import DECISION_VARIABLE, VIA_PLUGIN, Decision
 from .packs import OPTIONAL_PACKS
-from .rules import VARIABLE
-from .runtime_env import ConfigLike, build_runtime_env
+from .engines import VARIABLE
+from .frameworks.loading import ConfigLike
+from .runtime_env import build_runtime_env
 from .spec import Roles, Spec
 from .values import FIELD
 from .worker import as_actor_env

@@ -187,7 +187,7 @@ def format_check(reports: List[Any]) -> str:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explanation import explain_node
-    from .rules import RULES
+    from .packs.connections import RULES
 
     result = explain_node(args.config, args.gpus, node=args.node, role=_roles(args.role),
                           explicit=args.explicit, node_value=args.node_value,
@@ -235,8 +235,9 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
     from .job_submission import job_submission_env
-    from .rules import VARIABLE
-    from .runtime_env import build_runtime_env, configured_value, load_yaml, to_plain
+    from .engines import VARIABLE
+    from .frameworks.loading import load_yaml, to_plain
+    from .runtime_env import build_runtime_env, configured_value
 
     if (args.config is None) == (args.command is None):
         raise MegatronEnvError("give the training config, or the training command's arguments "

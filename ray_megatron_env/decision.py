@@ -1,64 +1,153 @@
-"""The decision for one node: the value, where it came from, and why.
+"""The decision for one worker on one node: every variable of the packs the
+job asked for, where its value came from, and why.
 
-``decide`` applies the precedence (docs/how-it-works.md#precedence) on top
-of the policy's verdict. A ``Decision`` travels to every worker as JSON in
-``RAY_MEGATRON_ENV_DECISION`` and is what the CLI prints.
+``decide_node`` is the one entry point: the plugin's agent, the setup hook in
+a worker and ``explain`` all call it. It runs each pack's ``evaluate`` over
+the node's facts and applies ``settle``, the one precedence
+(docs/how-it-works.md#precedence), to every outcome. The ``Decision`` it
+returns travels to the worker as JSON in ``RAY_MEGATRON_ENV_DECISION`` and is
+what the CLI prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from . import __version__
-from .field import explicit_value, parse_connections
-from .gpus import NodeGpus
+from .engines import VARIABLE
 from .node import NodeFacts
-from .packs import REMOVE, REQUIRED, SET, Outcome, get_pack
-from .policy import (
-    FRAMEWORK_ROLE_FIX, ONE_ENGINE_FIX, Verdict, by_role, evaluate, within_one_engine,
+from .packs import (
+    ALWAYS_ON, CUDA_CONNECTIONS, LEAVE, PREFERRED, REMOVE, REQUIRED, SET, Demand, Outcome,
+    canonical, get_pack,
 )
-from .rules import NOTHING, VARIABLE
 from .spec import Spec
 
 DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
 
+# Where a variable's value came from.
 EXPLICIT, POLICY, NODE, NONE = "explicit", "policy", "node", "none"
 VIA_PLUGIN, VIA_SETUP_HOOK = "plugin", "setup-hook"
+# 1: CUDA's answer in top-level keys, other variables under "packs" (0.x).
+# 2: one entry per variable under "variables"; the version-1 keys are still
+# written beside it for one release (docs/how-it-works.md#the-record).
+RECORD_VERSION = 2
+_STRONGEST = (REQUIRED, PREFERRED, "none")
+
+
+@dataclass(frozen=True)
+class VariableDecision:
+    """One variable's entry in the record. ``detail`` is what its pack adds
+    (``cuda-connections``: the requirement, a conflict flag, each role's
+    engine and rule)."""
+
+    pack: str
+    action: str  # set | remove | keep | leave
+    value: Optional[str]  # what the worker has; None: unset
+    source: str  # explicit | policy | node | none
+    strength: str  # required | preferred | none
+    rule: str  # the deciding row's id ('+' between several)
+    reason: str
+    node_value: Optional[str] = None  # inherited from the node's environment
+    detail: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "detail"}
+        return {**out, **self.detail}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "VariableDecision":
+        names = {f.name for f in fields(cls)} - {"detail"}
+        known = {k: v for k, v in data.items() if k in names}
+        known.setdefault("node_value", None)
+        return cls(**known, detail={k: v for k, v in data.items() if k not in names})
 
 
 @dataclass(frozen=True)
 class Decision:
-    value: Optional[str]  # what the worker's CUDA_DEVICE_MAX_CONNECTIONS is; None: unset
-    source: str  # explicit | policy | node | none
-    reason: str
-    requirement: str  # what the value must meet: '1', 'not 1', 'not 1 (32 preferred)', 'none'
+    """What one worker got on one node: one entry per variable, the node's
+    facts, the path that decided (``via``), the warnings, and whether every
+    required row is met (``satisfied``)."""
+
+    variables: Dict[str, VariableDecision]
     gpus: Optional[List[str]]  # capabilities seen on the node; None if not readable
-    engines: Dict[str, str] = field(default_factory=dict)  # role -> engine
-    rules: Dict[str, str] = field(default_factory=dict)  # role -> rule id
-    strengths: Dict[str, str] = field(default_factory=dict)  # role -> required|preferred|none
-    because: Dict[str, str] = field(default_factory=dict)  # role -> the strength in words
-    conflict: bool = False  # some engine's requirement is not met in this env
-    satisfied: bool = True  # the value meets every *required* rule in scope
+    probe: Dict[str, Any] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
-    node_value: Optional[str] = None  # inherited from the node's environment
+    satisfied: bool = True
     process: Optional[str] = None  # how this worker was classified, if the field says how
     framework: Optional[str] = None
-    probe: Dict[str, Any] = field(default_factory=dict)
-    via: Optional[str] = None  # which path decided: plugin (the node's agent) | setup-hook (the worker)
+    via: Optional[str] = None  # plugin (the node's agent) | setup-hook (the worker)
     version: str = __version__
-    # One entry per variable of the packs the job asked for (packs/): pack,
-    # action, value, source, strength, rule, reason. Absent from the record
-    # when the job asked for none, so such records are what they always were.
-    packs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    record: int = RECORD_VERSION
+
+    # CUDA_DEVICE_MAX_CONNECTIONS as record version 1 carried it; kept for one
+    # release beside ``variables`` (docs/how-it-works.md#the-record).
+    @property
+    def cuda(self) -> VariableDecision:
+        return self.variables[VARIABLE]
+
+    @property
+    def value(self) -> Optional[str]:
+        return self.cuda.value
+
+    @property
+    def source(self) -> str:
+        return self.cuda.source
+
+    @property
+    def reason(self) -> str:
+        return f"{self.process}: {self.cuda.reason}" if self.process else self.cuda.reason
+
+    @property
+    def node_value(self) -> Optional[str]:
+        return self.cuda.node_value
+
+    @property
+    def requirement(self) -> str:
+        return self.cuda.detail.get("requirement", "none")
+
+    @property
+    def conflict(self) -> bool:
+        return bool(self.cuda.detail.get("conflict", False))
+
+    def _roles(self, key: str) -> Dict[str, str]:
+        return {role: entry[key] for role, entry in self.cuda.detail.get("roles", {}).items()}
+
+    @property
+    def engines(self) -> Dict[str, str]:
+        return self._roles("engine")
+
+    @property
+    def rules(self) -> Dict[str, str]:
+        return self._roles("rule")
+
+    @property
+    def strengths(self) -> Dict[str, str]:
+        return self._roles("strength")
+
+    @property
+    def because(self) -> Dict[str, str]:
+        return self._roles("because")
+
+    @property
+    def packs(self) -> Dict[str, Dict[str, Any]]:
+        """The optional packs' variables, as record version 1 listed them."""
+        keys = ("pack", "action", "value", "source", "strength", "rule", "reason")
+        return {name: {k: getattr(entry, k) for k in keys}
+                for name, entry in self.variables.items() if entry.pack not in ALWAYS_ON}
 
     def to_dict(self) -> Dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "variables"}
         out["warnings"] = list(self.warnings)
-        if not self.packs:
-            del out["packs"]
+        out["variables"] = {name: entry.to_dict() for name, entry in self.variables.items()}
+        if VARIABLE in self.variables:
+            out.update(value=self.value, source=self.source, reason=self.reason,
+                       requirement=self.requirement, engines=self.engines, rules=self.rules,
+                       strengths=self.strengths, because=self.because, conflict=self.conflict,
+                       node_value=self.node_value)
+        if self.packs:
+            out["packs"] = self.packs
         return out
 
     def to_json(self) -> str:
@@ -69,137 +158,133 @@ class Decision:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "Decision":
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        """A record of either version."""
+        if "variables" in data:
+            variables = {name: VariableDecision.from_dict(entry)
+                         for name, entry in data["variables"].items()}
+        else:
+            variables = _version_1_variables(data)
+        known = {k: v for k, v in data.items()
+                 if k in cls.__dataclass_fields__ and k != "variables"}
         known["warnings"] = tuple(known.get("warnings", ()))
-        return cls(**known)
+        known.setdefault("gpus", None)
+        known.setdefault("record", 1)
+        return cls(variables, **known)
 
     @classmethod
     def from_json(cls, text: str) -> "Decision":
         return cls.from_dict(json.loads(text))
 
 
-def _as_count(value: Optional[str]) -> Optional[int]:
-    """The value as a connection count, or None (unset or not a valid count)."""
-    try:
-        return parse_connections(value, VARIABLE)
-    except (TypeError, ValueError):
-        return None
+def _version_1_variables(data: Mapping[str, Any]) -> Dict[str, VariableDecision]:
+    strengths = data.get("strengths") or {}
+    requirement = data.get("requirement", "none")
+    reason = data.get("reason", "")
+    process = data.get("process")
+    if process and reason.startswith(f"{process}: "):
+        reason = reason[len(process) + 2:]
+    roles = {role: {"engine": engine, "rule": (data.get("rules") or {}).get(role, ""),
+                    "strength": strengths.get(role, "none"),
+                    "because": (data.get("because") or {}).get(role, "")}
+             for role, engine in (data.get("engines") or {}).items()}
+    cuda = VariableDecision(
+        CUDA_CONNECTIONS, LEAVE if requirement == "none" else SET, data.get("value"),
+        data.get("source", NONE),
+        min(strengths.values(), key=_STRONGEST.index, default="none"),
+        "+".join(dict.fromkeys(i for ids in (data.get("rules") or {}).values()
+                               for i in ids.split("+"))),
+        reason, data.get("node_value"),
+        {"requirement": requirement, "conflict": bool(data.get("conflict")), "roles": roles})
+    variables = {VARIABLE: cuda}
+    for name, entry in (data.get("packs") or {}).items():
+        variables[name] = VariableDecision.from_dict(entry)
+    return variables
 
 
-def decide(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
-           inherited: Optional[str] = None, process: Optional[str] = None,
-           replaced: Optional[str] = None) -> Decision:
-    """Apply the precedence to the policy's verdict for this node.
+@dataclass(frozen=True)
+class Settled:
+    """One outcome after the precedence: its record entry, what to do to the
+    worker's ``env_vars``, the warnings, and whether its required demands
+    hold."""
 
-    ``explicit`` is the runtime env's own ``env_vars`` value (already checked);
-    ``inherited`` is the node's environment value, if any; ``process`` says
-    how the worker was classified, when the spec classifies workers;
-    ``replaced`` is a framework's blanket value found in ``env_vars`` and
-    decided anew (``Spec.replaces``).
-    """
-    verdict = evaluate(spec, gpus)
-    value, source, outcome, warnings = _resolve(verdict, explicit, inherited)
-    if replaced is not None:
-        outcome = (f"{spec.framework or 'the framework'}'s own {VARIABLE}={replaced} for every "
-                   f"process is replaced: {outcome}")
-    warnings = _conflict_warnings(verdict, spec.framework) + warnings
-    if not gpus.is_known:
-        warnings.insert(0, f"the GPU probe ({gpus.method}) could not read the GPUs' compute "
-                           f"capability, so the node was treated as pre-Blackwell: {gpus.error}")
-    left_out = "".join(f"; {role}: {why}" for role, why in spec.omitted)
-    reason = f"{verdict.reason}{left_out}; {outcome}."
-    if process:
-        reason = f"{process}: {reason}"
-    roles = by_role(verdict.findings)  # an engine may take more than one row
-    return Decision(
-        value=value,
-        source=source,
-        reason=reason,
-        requirement=verdict.requirement.label,
-        gpus=gpus.labels(),
-        engines={f.role: f.engine.describe() for f in verdict.findings},
-        rules={role: ids for role, (ids, _, _) in roles.items()},
-        strengths={role: strength for role, (_, strength, _) in roles.items()},
-        because={role: words for role, (_, _, words) in roles.items()},
-        conflict=verdict.conflict,
-        satisfied=not verdict.hard_conflict and verdict.required.allows(_as_count(value)),
-        warnings=tuple(warnings),
-        node_value=inherited,
-        process=process,
-        framework=spec.framework,
-        probe={"method": gpus.method, "error": gpus.error, "detail": gpus.detail,
-               "vendor": gpus.vendor, "probed_at": gpus.probed_at, "pid": gpus.probe_pid},
-    )
+    entry: VariableDecision
+    write: Optional[str]
+    remove: bool
+    warnings: Tuple[str, ...]
+    satisfied: bool
 
 
-def decide_for_worker(spec: Spec, gpus: NodeGpus, env_vars: Mapping[str, Any], *,
-                      inherited: Optional[str] = None) -> Decision:
-    """The decision for one worker: classified by its own ``env_vars`` (the
-    spec's process rules), with the explicit value found there, unless it is
-    the framework's own blanket value (``Spec.replaces``), decided anew."""
-    spec, process = spec.for_process(env_vars)
-    explicit = explicit_value(env_vars)
-    replaced = explicit if explicit is not None and explicit == spec.replaces else None
-    return decide(spec, gpus, explicit=None if replaced else explicit, inherited=inherited,
-                  process=process, replaced=replaced)
-
-
-def _conflict_warnings(verdict: Verdict, framework: Optional[str] = None) -> List[str]:
-    out = []
-    for finding in verdict.unmet:
-        rule = finding.rule
-        if within_one_engine(verdict.findings, finding):  # a row and a beside assert
-            out.append(f"{finding.role} ({finding.engine.describe()}) asks "
-                       f"{rule.requirement.label} [{rule.id}; {finding.because()}] while "
-                       f"another of its rows asks {verdict.requirement.label}; fix: "
-                       f"{ONE_ENGINE_FIX}")
-            continue
-        out.append(
-            f"{finding.role} ({finding.engine.describe()}) asks {rule.requirement.label} "
-            f"[{rule.id}; {finding.because()}], which this shared runtime env "
-            f"cannot give ({verdict.requirement.label} is what the other roles need); fix: "
-            + (FRAMEWORK_ROLE_FIX[framework] if framework in FRAMEWORK_ROLE_FIX else
-               f"give {finding.role} its own env with build_runtime_env(config, "
-               f"role={finding.role!r})"))
-    return out
-
-
-def _broken(verdict: Verdict, value: int) -> str:
-    """'actor [megatron-model-parallel; required: ...]' for each rule ``value`` breaks."""
-    return ", ".join(f"{f.role} (asks {f.rule.requirement.label}) [{f.rule.id}; {f.because()}]"
-                     for f in verdict.findings if not f.rule.requirement.allows(value))
-
-
-def _resolve(verdict: Verdict, explicit: Optional[str], inherited: Optional[str]):
-    need = verdict.requirement
+def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[str, str], *,
+           pack: str, framework: Optional[str] = None,
+           default: Optional[str] = None) -> Settled:
+    """The one precedence, for every variable of every pack: the job's own
+    ``env_vars`` value is kept (a warning names each demand it breaks),
+    except where the outcome removes it; else a value inherited from the
+    node is kept where the outcome accepts it and replaced where it does
+    not; else the outcome's value is written, or the variable stays unset.
+    ``default`` words the library's own value for an unset variable."""
+    name = outcome.variable
+    present = env_vars.get(name)
+    explicit = None if present is None or outcome.replaces is not None else str(present)
+    inherited = node_environ.get(name)
+    demands = outcome.demands if outcome.demands is not None else _own_demands(outcome, pack)
+    accepts = outcome.accepts if outcome.accepts is not None else (
+        frozenset({canonical(outcome.value)}) if outcome.value is not None else frozenset())
     warnings: List[str] = []
-    if explicit is not None:
-        count = parse_connections(explicit, VARIABLE)
-        broken = _broken(verdict, count)
-        if not broken:
-            return explicit, EXPLICIT, f"the explicit env_vars value {explicit} is kept", warnings
-        kind = ("a required rule" if not verdict.required.allows(count)
-                else "a preferred rule")
-        warnings.append(f"explicit {VARIABLE}={explicit} breaks {kind} of {broken}; kept "
-                        "because env_vars is the user's intent")
-        return (explicit, EXPLICIT,
-                f"the explicit env_vars value {explicit} is kept although it breaks {kind}",
-                warnings)
-    if inherited is not None:
-        parsed = _as_count(inherited)
-        if parsed is None:
-            warnings.append(f"the node's {VARIABLE}={inherited!r} is not an integer from 1 "
-                            "to 32")
-        if need == NOTHING or (parsed is not None and need.allows(parsed)):
-            return inherited, NODE, f"the node's value {inherited} is kept", warnings
-        chosen = str(need.choose())
-        return chosen, POLICY, f"the node's value {inherited} is replaced by {chosen}", warnings
-    if not need.unset_ok or need.preferred_value is not None:
-        chosen = str(need.choose())
-        return chosen, POLICY, f"set to {chosen}", warnings
-    if need == NOTHING:
-        return None, NONE, "left unset", warnings
-    return None, NONE, "left unset (CUDA's default, 8)", warnings
+    write, remove = None, False
+    if outcome.action == REMOVE and explicit is not None:
+        value, source, said, remove = None, POLICY, f"the explicit env_vars value {explicit} " \
+                                                    "is removed", True
+    elif explicit is not None:
+        value, source, said = explicit, EXPLICIT, f"the explicit env_vars value {explicit} is kept"
+        broken = [d for d in demands if not d.allows(explicit)]
+        if broken:
+            kind = ("a required rule" if any(d.strength == REQUIRED for d in broken)
+                    else "a preferred rule")
+            said += f" although it breaks {kind}"
+            warnings.append(f"explicit {name}={explicit} breaks {kind} of "
+                            f"{', '.join(d.who for d in broken)}; kept because env_vars is the "
+                            "user's intent")
+    elif inherited is not None and (outcome.action != SET or canonical(inherited) in accepts):
+        value, source, said = inherited, NODE, f"the node's value {inherited} is kept"
+        if outcome.action == REMOVE:
+            said = f"the node's value {inherited} stays: a runtime env cannot unset it"
+            warnings.append(f"{name}={inherited} comes from the node's environment, which a "
+                            f"runtime env cannot unset: {outcome.reason}; unset it where Ray is "
+                            "started")
+    elif outcome.action == SET and (inherited is not None or outcome.fill):
+        value = write = outcome.value
+        source = POLICY
+        said = (f"the node's value {inherited} is replaced by {value}" if inherited is not None
+                else f"set to {value}")
+    else:
+        value, source = None, NONE
+        said = f"left unset ({default})" if outcome.action == SET and default else "left unset"
+    if outcome.replaces is not None:
+        # The framework's own value sits in env_vars: the answer goes over it.
+        write, remove = value, value is None
+        said = (f"{framework or 'the framework'}'s own {name}={outcome.replaces} for every "
+                f"process is replaced: {said}")
+    entry = VariableDecision(pack, outcome.action, value, source, outcome.strength, outcome.rule,
+                             f"{outcome.reason}; {said}.", inherited, dict(outcome.detail))
+    satisfied = all(d.allows(value) for d in demands if d.strength == REQUIRED)
+    return Settled(entry, write, remove, tuple(warnings), satisfied)
+
+
+def _own_demands(outcome: Outcome, pack: str) -> Tuple[Demand, ...]:
+    """A ``set`` demands its accepted values (or unset, without ``fill``), a
+    ``remove`` no value, at the outcome's strength."""
+    if outcome.strength not in (REQUIRED, PREFERRED) or outcome.action not in (SET, REMOVE):
+        return ()
+    if outcome.action == SET:
+        accepts = outcome.accepts if outcome.accepts is not None else frozenset(
+            {canonical(outcome.value or "")})
+        asks = outcome.value
+    else:
+        accepts, asks = frozenset(), "it unset"
+    unset_ok = outcome.action == REMOVE or not outcome.fill
+    return (Demand(outcome.rule, outcome.strength, accepts, unset_ok,
+                   f"the {pack} pack (asks {asks}) [{outcome.rule}; {outcome.reason}]"),)
 
 
 @dataclass(frozen=True)
@@ -224,79 +309,41 @@ class NodeDecision:
 
 def decide_node(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                 node_environ: Mapping[str, str], *, via: Optional[str] = None) -> NodeDecision:
-    """The one entry point for a worker on a node (the agent's plugin path and
-    a worker-side fallback both call it): the packs the job asked for over
-    this node's ``facts``, with the precedence applied once per variable.
+    """The decision for one worker on a node: ``cuda-connections`` and the
+    packs the job asked for over this node's ``facts``, each outcome
+    settled by the one precedence.
 
-    ``env_vars`` are the worker's own (the job's merged with its actor's);
-    ``node_environ`` the environment the worker would inherit. An explicit
-    ``env_vars`` value is kept (with a warning where a required row wants
-    another), except where a row removes it; an inherited value a row
-    disagrees with is replaced.
+    ``env_vars`` are the worker's own (the job's merged with its actor's):
+    where a framework marks its process kinds and where explicit values
+    live; ``node_environ`` the environment the worker would inherit.
     """
-    decision = decide_for_worker(spec, facts.gpus, env_vars,
-                                 inherited=node_environ.get(VARIABLE))
+    worker, process = spec.for_process(env_vars)
+    variables: Dict[str, VariableDecision] = {}
+    warnings: List[str] = []
     write: Dict[str, str] = {}
     remove: List[str] = []
-    if decision.source != EXPLICIT:
-        if decision.value is not None:
-            write[VARIABLE] = decision.value
-        elif VARIABLE in env_vars:  # a framework's blanket value, decided anew as "unset"
-            remove.append(VARIABLE)
-    records: Dict[str, Dict[str, Any]] = {}
-    warnings = list(decision.warnings)
-    broken = False
-    worker_spec = spec.for_process(env_vars)[0]
-    for name in spec.packs:
+    satisfied = True
+    for name in (*ALWAYS_ON, *spec.packs):
         pack = get_pack(name)
-        verdict = pack.evaluate(worker_spec, facts, env_vars, node_environ)
+        verdict = pack.evaluate(worker, facts, env_vars, node_environ)
         warnings.extend(verdict.warnings)
+        defaults = dict(pack.defaults)
         for outcome in verdict.outcomes:
-            record, warning = _precedence(outcome, env_vars.get(outcome.variable),
-                                          node_environ.get(outcome.variable), write, remove)
-            records[outcome.variable] = {"pack": name, **record}
-            if warning:
-                warnings.append(f"{name}: {warning}")
-                broken = broken or outcome.strength == REQUIRED
-    if records or via is not None:
-        decision = dataclasses.replace(
-            decision, via=via, packs=records, warnings=tuple(warnings),
-            satisfied=decision.satisfied and not broken)
+            settled = settle(outcome, env_vars, node_environ, pack=name,
+                             framework=spec.framework, default=defaults.get(outcome.variable))
+            variables[outcome.variable] = settled.entry
+            if settled.write is not None:
+                write[outcome.variable] = settled.write
+            if settled.remove:
+                remove.append(outcome.variable)
+            prefix = "" if name in ALWAYS_ON else f"{name}: "
+            warnings.extend(prefix + warning for warning in settled.warnings)
+            satisfied = satisfied and settled.satisfied
+    gpus = facts.gpus
+    decision = Decision(
+        variables, gpus.labels(),
+        {"method": gpus.method, "error": gpus.error, "detail": gpus.detail,
+         "vendor": gpus.vendor, "probed_at": gpus.probed_at, "pid": gpus.probe_pid},
+        tuple(warnings), satisfied, process, spec.framework, via)
     write[DECISION_VARIABLE] = decision.to_json()
     return NodeDecision(decision, write, tuple(remove))
-
-
-def _precedence(outcome: Outcome, explicit: Optional[Any], inherited: Optional[str],
-                write: Dict[str, str], remove: List[str]) -> Tuple[Dict[str, Any], Optional[str]]:
-    """One pack variable: the record entry, and a warning if any. Fills
-    ``write`` and ``remove``."""
-    name, want = outcome.variable, outcome.value
-    entry = {"action": outcome.action, "strength": outcome.strength, "rule": outcome.rule,
-             "reason": outcome.reason}
-    warning = None
-    if outcome.action == REMOVE:
-        if explicit is not None:
-            remove.append(name)
-            return {**entry, "value": None, "source": POLICY}, None
-        if inherited is not None:
-            warning = (f"{name}={inherited} comes from the node's environment, which a runtime "
-                       f"env cannot unset: {outcome.reason}; unset it where Ray is started")
-            return {**entry, "value": inherited, "source": NODE}, warning
-        return {**entry, "value": None, "source": NONE}, None
-    if outcome.action == SET:
-        if explicit is not None:
-            if str(explicit) != want:
-                warning = (f"explicit {name}={explicit} is kept because env_vars is the user's "
-                           f"intent, but [{outcome.rule}] ({outcome.strength}) wants {want}: "
-                           f"{outcome.reason}")
-            return {**entry, "value": str(explicit), "source": EXPLICIT}, warning
-        if inherited == want:
-            return {**entry, "value": inherited, "source": NODE}, None
-        write[name] = want
-        return {**entry, "value": want, "source": POLICY}, None
-    # keep (the job's value stays; the pack's warning says why) or leave
-    if explicit is not None:
-        return {**entry, "value": str(explicit), "source": EXPLICIT}, None
-    if inherited is not None:
-        return {**entry, "value": inherited, "source": NODE}, None
-    return {**entry, "value": None, "source": NONE}, None

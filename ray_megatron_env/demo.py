@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .check import NodeReport, alive_nodes, observe_many
-from .runtime_env import ConfigLike, build_runtime_env
+from .frameworks.loading import ConfigLike
+from .runtime_env import build_runtime_env
 from .simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
 
 EXAMPLES = Path(__file__).parent / "examples"

@@ -11,12 +11,12 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 
 from .decision import Decision, NodeDecision, decide_node
 from .errors import FieldValueError
-from .field import explicit_value
 from .gpus import VENDOR_TOKENS, NodeGpus, parse_capability
 from .node import ABSENT, FakeNodeError, NodeFabric, NodeFacts, parse_fake_node
 from .packs import get_pack
-from .rules import VARIABLE
-from .runtime_env import ConfigLike, load_spec, with_packs
+from .engines import VARIABLE
+from .frameworks.loading import ConfigLike, load_spec
+from .runtime_env import with_packs
 from .spec import Roles
 from .values import FIELD
 
@@ -93,7 +93,6 @@ def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = Non
     env_vars = {**(job_env or {}), **(worker_env or {})}
     if explicit is not None:
         env_vars[VARIABLE] = explicit
-    explicit_value(env_vars)
     environ = {VARIABLE: node_value} if node_value is not None else {}
     facts = node_facts(gpus, node)
     if any(get_pack(name).needs_fabric for name in spec.packs) and facts.fabric is None:

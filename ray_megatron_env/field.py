@@ -11,13 +11,12 @@ registry's call (``frameworks``).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Tuple
 
 from .errors import FieldTypeError, FieldValueError
 from .frameworks import read_config
-from .rules import VARIABLE
 from .spec import Spec
-from .values import FIELD, fail_type, parse_connections
+from .values import FIELD, fail_type
 
 # A full verl config is about 28 KB of JSON. Ray's raylet refuses to send the
 # agent a runtime env over 1 MiB (HTTP 413, measured on Ray 2.60), so the cap
@@ -71,11 +70,3 @@ def read_field(value: Any) -> Tuple[Spec, Tuple[str, ...]]:
             "ships is a few hundred bytes"
         )
     return read_config(value)
-
-
-def explicit_value(env_vars: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """The runtime env's own value for the variable, checked, or None."""
-    if not env_vars or VARIABLE not in env_vars:
-        return None
-    parse_connections(env_vars[VARIABLE], f"env_vars.{VARIABLE}")
-    return env_vars[VARIABLE]

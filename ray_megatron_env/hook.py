@@ -27,7 +27,7 @@ import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import EnvironmentVariableError
-from .rules import VARIABLE
+from .engines import VARIABLE
 from .values import FIELD
 
 HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
-from .rules import (
-    CHECKS, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON, PIPELINE_BACKENDS,
+from .engines import (
+    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON,
+    MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
 )
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
@@ -59,12 +60,6 @@ def read_dispatcher(dispatcher_type: Any, backend: Any, enable_deepep: Any,
     if deepep or backend is None:
         return "deepep"
     return backend if backend in FLEX_BACKENDS else None  # ncclep asks nothing
-
-
-# Megatron-Core's choices (transformer_config.py), so that a typo is an error
-# rather than a dispatcher silently read as "not flex".
-DISPATCHER_TYPES = ("allgather", "alltoall", "flex")
-MEGATRON_FLEX_BACKENDS = (*FLEX_BACKENDS, "ncclep")
 
 
 def _one_of(value: Any, key: str, allowed: Tuple[str, ...]) -> str:

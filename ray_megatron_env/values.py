@@ -8,10 +8,10 @@ came in.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence, Tuple
+from typing import Any, Mapping, Sequence, Tuple
 
 from .errors import FieldTypeError, FieldValueError
-from .rules import CUDA_RANGE
+from .engines import CUDA_RANGE
 
 FIELD = "megatron_env"
 MAX_PARALLEL_SIZE = 65536
@@ -109,3 +109,32 @@ def parse_connections(value: Any, key: str) -> int:
             f"{CUDA_RANGE.start} to {CUDA_RANGE.stop - 1}"
         )
     return int(value)
+
+
+def not_a_mapping(key: str, value: Any) -> FieldTypeError:
+    """The error for a section that is not one (an unresolved interpolation
+    raises its own message)."""
+    _reject_interpolation(value, key)
+    return fail_type(key, "a mapping", value)
+
+
+def lookup(config: Any, path: str, *, strict: bool = True) -> Tuple[bool, Any]:
+    """``(found, value)`` at a dotted path of a plain config. A null section on
+    the way means not found; with ``strict``, anything else on the way that
+    is not a mapping is an error naming the path walked so far (an
+    unresolved interpolation gets its own message), and without it, not
+    found (for detecting a layout)."""
+    node: Any = config
+    walked = []
+    for part in path.split("."):
+        if node is None:
+            return False, None
+        if not isinstance(node, Mapping):
+            if not strict:
+                return False, None
+            raise not_a_mapping(".".join(walked), node)
+        if part not in node:
+            return False, None
+        node = node[part]
+        walked.append(part)
+    return True, node

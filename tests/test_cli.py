@@ -334,8 +334,10 @@ def test_a_table_of_workers_classified_alike_leaves_the_classification_out():
     from ray_megatron_env.decision import Decision
 
     def report(node, process, via):
-        decision = Decision("1", "policy", f"{process}: compute capability 9.0: set to 1.", "1",
-                            ["9.0"], process=process, via=via)
+        decision = Decision.from_dict({  # a record of version 1
+            "value": "1", "source": "policy", "requirement": "1", "gpus": ["9.0"],
+            "reason": f"{process}: compute capability 9.0: set to 1.", "process": process,
+            "via": via})
         return NodeReport(node * 7, "10.0.0.1", via == "plugin", "1", decision)
 
     alike = format_reports([report("a", "actor worker (no process rule matched)", "plugin"),

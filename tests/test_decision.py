@@ -4,11 +4,13 @@ import json
 
 import pytest
 
-from ray_megatron_env.decision import Decision, decide
+from ray_megatron_env.decision import Decision
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.gpus import NodeGpus
-from ray_megatron_env.rules import FSDP, MEGATRON
+from ray_megatron_env.engines import FSDP, MEGATRON
 from ray_megatron_env.spec import Engine, Spec
+
+from deciding import decided as decide
 
 H100 = NodeGpus.known([(9, 0), (9, 0)], "fake")
 B200 = NodeGpus.known([(10, 0)], "fake")
@@ -84,3 +86,133 @@ def test_json_has_no_dollar_sign_for_ray_to_expand():
     text = decide(MEGATRON_TP2, node).to_json()
     assert "$" not in text
     assert "$HOME ${PATH}" in Decision.from_json(text).probe["error"]
+
+
+# --- the one precedence, for every variable (decision.settle) ----------------------
+#
+# One row per (action, where the value is, strength). The expectations are the
+# precedence as docs/how-it-works.md#precedence states it, written out by hand.
+
+from ray_megatron_env.decision import settle  # noqa: E402
+from ray_megatron_env.packs import Outcome  # noqa: E402
+
+V = "SOME_VARIABLE"
+
+
+def _outcome(action, value=None, strength="required", **kw):
+    return Outcome(V, action, value, strength, "row", "because", **kw)
+
+
+ALL_BUT_1 = frozenset(str(n) for n in range(2, 33))
+
+
+@pytest.mark.parametrize("outcome,job,node,value,source,write,remove,warns,satisfied", [
+    # set: the job's value is kept, a broken demand warned about at its strength
+    (_outcome("set", "0"), None, None, "0", "policy", "0", False, None, True),
+    (_outcome("set", "0"), "0", None, "0", "explicit", None, False, None, True),
+    (_outcome("set", "0"), "1", None, "1", "explicit", None, False, "a required rule", False),
+    (_outcome("set", "0", "preferred"), "1", None, "1", "explicit", None, False,
+     "a preferred rule", True),
+    (_outcome("set", "0"), "1", "0", "1", "explicit", None, False, "a required rule", False),
+    # set: the node's value is kept where accepted, replaced where not
+    (_outcome("set", "0"), None, "0", "0", "node", None, False, None, True),
+    (_outcome("set", "0"), None, "00", "00", "node", None, False, None, True),  # NCCL reads 0
+    (_outcome("set", "0"), None, "1", "0", "policy", "0", False, None, True),
+    # set without fill: unset is fine, only a refused node value is replaced
+    (_outcome("set", "8", accepts=ALL_BUT_1, fill=False), None, None, None, "none", None,
+     False, None, True),
+    (_outcome("set", "8", accepts=ALL_BUT_1, fill=False), None, "1", "8", "policy", "8",
+     False, None, True),
+    (_outcome("set", "8", accepts=ALL_BUT_1, fill=False), None, "4", "4", "node", None,
+     False, None, True),
+    # remove: the job's value goes; the node's cannot, and that is said
+    (_outcome("remove", "0"), "0", None, None, "policy", None, True, None, True),
+    (_outcome("remove", "0"), None, "0", "0", "node", None, False, "cannot unset", False),
+    (_outcome("remove", "0", "preferred"), None, "0", "0", "node", None, False,
+     "cannot unset", True),
+    (_outcome("remove", "0"), None, None, None, "none", None, False, None, True),
+    # keep and leave: whatever is there stays, nothing is written
+    (_outcome("keep", "0", "preferred"), "0", None, "0", "explicit", None, False, None, True),
+    (_outcome("leave", None, "none"), None, "5", "5", "node", None, False, None, True),
+    (_outcome("leave", None, "none"), "5", None, "5", "explicit", None, False, None, True),
+    (_outcome("leave", None, "none"), None, None, None, "none", None, False, None, True),
+    # a framework's own blanket value is decided anew: written over, or removed
+    (_outcome("set", "8", replaces="1"), "1", None, "8", "policy", "8", False, None, True),
+    (_outcome("leave", None, "none", replaces="1"), "1", None, None, "none", None, True,
+     None, True),
+    (_outcome("leave", None, "none", replaces="1"), "1", "4", "4", "node", "4", False, None,
+     True),
+])
+def test_the_precedence_table(outcome, job, node, value, source, write, remove, warns,
+                              satisfied):
+    settled = settle(outcome, {V: job} if job is not None else {},
+                     {V: node} if node is not None else {}, pack="some-pack")
+    assert (settled.entry.value, settled.entry.source) == (value, source)
+    assert (settled.write, settled.remove) == (write, remove)
+    assert settled.satisfied == satisfied
+    if warns is None:
+        assert settled.warnings == ()
+    else:
+        assert len(settled.warnings) == 1 and warns in settled.warnings[0]
+    assert settled.entry.node_value == node
+    assert settled.entry.reason.startswith("because; ") and settled.entry.reason.endswith(".")
+
+
+def test_a_left_unset_variable_names_its_library_default_where_a_row_allowed_it():
+    outcome = _outcome("set", "8", accepts=ALL_BUT_1, fill=False)
+    settled = settle(outcome, {}, {}, pack="cuda-connections", default="CUDA's default, 8")
+    assert settled.entry.reason == "because; left unset (CUDA's default, 8)."
+
+
+def test_every_variable_has_one_entry_of_one_shape():
+    from ray_megatron_env.explanation import explain_node
+    result = explain_node({"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}},
+                          node='{"gpus": "10.0", "fabric": {"state": "completed", '
+                               '"cluster_uuid": "11111111-2222-3333-4444-555555555555"}}',
+                          packs=["nccl-fabric"])
+    record = json.loads(result.write["RAY_MEGATRON_ENV_DECISION"])
+    assert record["record"] == 2
+    assert sorted(record["variables"]) == ["CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE",
+                                           "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE"]
+    shape = {"pack", "action", "value", "source", "strength", "rule", "reason", "node_value"}
+    for entry in record["variables"].values():
+        assert shape <= set(entry)
+    assert record["variables"]["CUDA_DEVICE_MAX_CONNECTIONS"]["pack"] == "cuda-connections"
+
+
+# A record as version 0.x wrote it (record version 1: no "variables", CUDA's
+# answer at the top, other variables under "packs").
+VERSION_1_RECORD = {
+    "value": "1", "source": "policy", "requirement": "1", "gpus": ["9.0", "9.0"],
+    "reason": "actor worker (no process rule matched): compute capability 9.0: actor "
+              "(megatron TP=2 CP=1) needs 1 (preferred) [megatron-model-parallel]; set to 1.",
+    "engines": {"actor": "megatron TP=2 CP=1"}, "rules": {"actor": "megatron-model-parallel"},
+    "strengths": {"actor": "preferred"},
+    "because": {"actor": "preferred: keeps tensor/context-parallel collectives ahead of compute"},
+    "conflict": False, "satisfied": True, "warnings": [], "node_value": None,
+    "process": "actor worker (no process rule matched)", "framework": "verl",
+    "probe": {"method": "nvml", "error": None, "detail": "2 device(s) on the node, all visible",
+              "vendor": None, "probed_at": 1767225600.5, "pid": 48213},
+    "via": "plugin", "version": "0.9.0",
+    "packs": {"NCCL_NVLS_ENABLE": {"pack": "nccl-fabric", "action": "set", "value": "0",
+                                   "source": "policy", "strength": "required",
+                                   "rule": "nvswitch-fabric-not-ready", "reason": "r"}},
+}
+
+
+def test_a_version_1_record_is_still_read():
+    from ray_megatron_env import read_decision
+    decision = read_decision({"RAY_MEGATRON_ENV_DECISION": json.dumps(VERSION_1_RECORD)})
+    assert decision.record == 1
+    assert (decision.value, decision.source, decision.reason) == (
+        "1", "policy", VERSION_1_RECORD["reason"])
+    assert decision.rules == {"actor": "megatron-model-parallel"}
+    assert decision.strengths == {"actor": "preferred"}
+    assert decision.variables["CUDA_DEVICE_MAX_CONNECTIONS"].strength == "preferred"
+    assert decision.variables["NCCL_NVLS_ENABLE"].value == "0"
+    assert decision.packs == VERSION_1_RECORD["packs"]
+    # Written again, it carries both shapes, the version-1 keys unchanged.
+    again = decision.to_dict()
+    for key in ("value", "source", "reason", "requirement", "engines", "rules", "strengths",
+                "because", "conflict", "node_value", "packs"):
+        assert again[key] == VERSION_1_RECORD[key], key

@@ -5,7 +5,7 @@ from pathlib import Path
 import importlib
 
 from ray_megatron_env.packs import markdown_packs
-from ray_megatron_env.rules import markdown_tables
+from ray_megatron_env.packs.connections import markdown_tables
 from reliability_cases import FAULTS, render
 
 DOCS = Path(__file__).parent.parent / "docs"

@@ -30,7 +30,7 @@ def test_importing_the_plugin_adds_only_its_own_two_modules():
 def test_the_agent_side_loads_without_omegaconf_nvml_or_torch():
     added = _added_by("import ray_megatron_env.agent")
     assert {m for m in added if m.startswith("ray_megatron_env.")} >= {
-        "ray_megatron_env.agent", "ray_megatron_env.probe", "ray_megatron_env.policy"}
+        "ray_megatron_env.agent", "ray_megatron_env.probe", "ray_megatron_env.packs.connections"}
     assert not {m.split(".")[0] for m in added} & set(HEAVY)
 
 
@@ -41,7 +41,7 @@ def test_a_broken_install_fails_the_worker_not_the_import(tmp_path):
 
     package = tmp_path / "ray_megatron_env"
     shutil.copytree(Path(ray_megatron_env.__file__).parent, package)
-    (package / "policy.py").write_text("def broken(:\n")
+    (package / "packs" / "connections.py").write_text("def broken(:\n")
     code = ("import ray_megatron_env.plugin as p\n"
             "try:\n    p.MegatronEnvPlugin.validate({'megatron_env': {}})\n"
             "except p.BrokenInstallError as e:\n    print('BROKEN', e)\n")

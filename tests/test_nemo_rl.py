@@ -15,8 +15,9 @@ from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
 from ray_megatron_env.frameworks import compose_yaml, reader_for, readers
 from ray_megatron_env.frameworks.nemo_rl import READER, compose
-from ray_megatron_env.rules import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
-from ray_megatron_env.runtime_env import build_runtime_env, load_spec
+from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
+from ray_megatron_env.frameworks.loading import load_spec
+from ray_megatron_env.runtime_env import build_runtime_env
 
 CONFIGS = Path(__file__).parent / "fixtures" / "nemo_rl" / "configs"
 DTENSOR = CONFIGS / "grpo_math_1B.yaml"

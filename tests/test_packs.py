@@ -14,7 +14,8 @@ from configs import MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.cli import OK, PROBLEM, main
-from ray_megatron_env.decision import DECISION_VARIABLE, decide_for_worker, decide_node
+from ray_megatron_env.decision import DECISION_VARIABLE, decide_node
+from ray_megatron_env.engines import VARIABLE
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
 from ray_megatron_env.field import parse_field
@@ -114,7 +115,8 @@ def test_an_explicit_value_a_required_row_disagrees_with_is_kept_with_a_warning(
     assert nccl(result.env()) == {NVLS: "0"}
     entry = result.decision.packs[MNNVL]
     assert (entry["value"], entry["source"], entry["strength"]) == ("1", "explicit", "required")
-    assert any(f"explicit {MNNVL}=1 is kept" in w for w in result.decision.warnings)
+    assert any(f"explicit {MNNVL}=1 breaks a required rule of the nccl-fabric pack (asks 0) "
+               "[fabric-without-imex;" in w for w in result.decision.warnings)
     assert not result.decision.satisfied  # check and explain report it as a problem
 
 
@@ -139,12 +141,11 @@ def test_an_inherited_cumem_0_cannot_be_removed_and_says_so():
 def test_without_packs_the_decision_and_its_record_are_what_they_were():
     spec = parse_field(MEGATRON_TP2)
     gpus = NodeGpus.known([(9, 0)], "given")
-    before = decide_for_worker(spec, gpus, {}, inherited=None)
     after = decide_node(spec, NodeFacts(gpus), {}, {})
-    assert after.decision == before
-    assert "packs" not in json.loads(after.write[DECISION_VARIABLE])
-    assert after.env() == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    assert explain(MEGATRON_TP2, "9.0") == before
+    record = json.loads(after.write[DECISION_VARIABLE])
+    assert "packs" not in record and list(record["variables"]) == [VARIABLE]
+    assert after.env() == {VARIABLE: "1"}
+    assert explain(MEGATRON_TP2, "9.0") == after.decision
 
 
 def test_the_record_has_one_entry_per_pack_variable():

@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ray_megatron_env.decision import decide
 from ray_megatron_env.explanation import parse_gpu_list
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.gpus import NodeGpus
-from ray_megatron_env.policy import evaluate, gpu_class, hard_conflict_everywhere, rule_for
-from ray_megatron_env.rules import (
-    ANY, ASSERTS, BLACKWELL_OR_NEWER, ENGINE_KINDS, MEGATRON, MUST_BE_1, NO_GPU, NON_CUDA,
-    NOT_1, NOTHING, PRE_BLACKWELL, RULES, Rule,
+from ray_megatron_env.engines import ASSERTS, ENGINE_KINDS, MEGATRON
+from ray_megatron_env.packs.connections import (
+    ANY, BLACKWELL_OR_NEWER, MUST_BE_1, NO_GPU, NON_CUDA, NOT_1, NOTHING, PRE_BLACKWELL, RULES,
+    Rule, gpu_class, hard_conflict_everywhere, rule_for, verdict_for,
 )
 from ray_megatron_env.spec import Engine, Spec
+
+from deciding import decided as decide
 
 GOLDEN = yaml.safe_load((Path(__file__).parent / "golden" / "decisions.yaml").read_text())
 
@@ -119,18 +120,19 @@ def test_a_conflict_that_holds_on_every_gpu_class_is_found():
     # Today's table has none (Megatron's 1 is only asked below major 10), so
     # this uses a table where 1 is required everywhere, as Megatron-Core 0.12's
     # check effectively was for TP > 1.
-    always_1 = Rule("always-1", MEGATRON, ANY, True, False, False, False, MUST_BE_1, "w",
-                    "p", "s", ("megatron-lm",))
-    never_1 = Rule("never-1", MEGATRON, ANY, None, True, None, None, NOT_1, "w", "p", "s",
-                   ("megatron-lm",))
-    rest = Rule("rest", ANY, ANY, None, None, None, None, NOTHING, "w", "", "s")
+    always_1 = Rule("always-1", MUST_BE_1, "w", "s", "p", ("megatron-lm",), engine=MEGATRON,
+                    model_parallel=True, megatron_fsdp=False, torch_fsdp2=False,
+                    moe_overlap=False)
+    never_1 = Rule("never-1", NOT_1, "w", "s", "p", ("megatron-lm",), engine=MEGATRON,
+                   megatron_fsdp=True)
+    rest = Rule("rest", NOTHING, "w", "s")
     table = (never_1, always_1, rest)
     both = Spec.of({"a": Engine("megatron", MEGATRON, 2, checks=("megatron-lm",)),
                     "b": Engine("megatron", MEGATRON, megatron_fsdp=True,
                                 checks=("megatron-lm",))})
     assert hard_conflict_everywhere(both, table) is not None
     assert hard_conflict_everywhere(both) is None  # the real table: Blackwell runs it
-    assert evaluate(both, node("9.0")).hard_conflict
+    assert verdict_for(both, node("9.0")).hard_conflict
 
 
 # --- Megatron-Bridge's recipes as a peer table ------------------------------------

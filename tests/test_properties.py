@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
-from ray_megatron_env.decision import DECISION_VARIABLE, decide
+from ray_megatron_env.decision import DECISION_VARIABLE
 from ray_megatron_env.errors import MegatronEnvError
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.gpus import NodeGpus
 from ray_megatron_env.probe import ProbeCache
-from ray_megatron_env.rules import CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES, VARIABLE
+from ray_megatron_env.engines import CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES, VARIABLE
+
+from deciding import decided as decide
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -17,13 +17,14 @@ import pytest
 
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.cli import main
-from ray_megatron_env.decision import decide_for_worker
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain, parse_gpu_list
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.frameworks import slime
-from ray_megatron_env.rules import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
-from ray_megatron_env.runtime_env import load_spec
+from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
+from ray_megatron_env.frameworks.loading import load_spec
+
+from deciding import decided
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slime"
 QWEN3_4B = FIXTURES / "run-qwen3-4B.args.json"
@@ -85,7 +86,7 @@ def on_node(config, gpus, worker_env):
     """What a worker with these env_vars gets, through the compact form the
     driver ships (as the agent sees it)."""
     spec = parse_field(build_runtime_env(config)["megatron_env"])
-    return decide_for_worker(spec, parse_gpu_list(gpus), worker_env)
+    return decided(spec, parse_gpu_list(gpus), worker_env=worker_env)
 
 
 def run(capsys, *argv):

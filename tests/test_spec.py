@@ -6,7 +6,7 @@ import pytest
 
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.field import MAX_FIELD_BYTES, parse_field
-from ray_megatron_env.rules import FSDP, INFERENCE, MEGATRON
+from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON
 from ray_megatron_env.spec import Engine, Spec
 
 COMPACT = {

@@ -19,7 +19,7 @@ from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.frameworks.nemo_rl import READER as NEMO_RL
-from ray_megatron_env.runtime_env import load_spec
+from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.spec import Engine
 
 from configs import ACTOR, FSDP_YAML, plain

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
 from ..spec import Spec
-from ..values import FIELD, fail_type
+from ..values import FIELD, fail_type, lookup
 from .compact import is_compact, read_compact
 
 
@@ -44,12 +44,7 @@ class Reader:
 
 
 def has_path(config: Mapping[str, Any], path: str) -> bool:
-    node: Any = config
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return lookup(config, path, strict=False)[0]
 
 
 def readers() -> Tuple[Reader, ...]:

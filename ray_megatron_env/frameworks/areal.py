@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..rules import FSDP, INFERENCE, MEGATRON, VARIABLE
+from ..engines import FSDP, INFERENCE, MEGATRON, VARIABLE
 from ..spec import Engine, ProcessRule, Spec
-from ..values import (FIELD, MAX_PARALLEL_SIZE, fail_type, parse_connections, read_flag,
+from ..values import (FIELD, MAX_PARALLEL_SIZE, fail_type, lookup, parse_connections, read_flag,
                       read_name, show)
 from . import Reader
 
@@ -247,21 +247,6 @@ def _start(text: Any, key: str) -> _Scanner:
 
 # --- The config layout -------------------------------------------------------------
 
-def _lookup(config: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
-    node: Any = config
-    walked: List[str] = []
-    for part in path.split("."):
-        if node is None:
-            return False, None
-        if not isinstance(node, Mapping):
-            raise fail_type(".".join(walked), "a mapping", node)
-        if part not in node:
-            return False, None
-        node = node[part]
-        walked.append(part)
-    return True, node
-
-
 def _engine(config: Mapping[str, Any], role: str, found: Allocation, key: str) -> Engine:
     training = role in TRAIN_ROLES
     if training and found.backend not in TRAIN_BACKENDS:
@@ -278,7 +263,7 @@ def _engine(config: Mapping[str, Any], role: str, found: Allocation, key: str) -
     for name, sub in _MEGATRON_FLAGS:
         # Passed to mbridge's get_model / Bridge's provide_distributed_model
         # (areal/models/mcore/registry.py:182-183, 265-266).
-        present, value = _lookup(config, f"{role}.{sub}")
+        present, value = lookup(config, f"{role}.{sub}")
         if present and value is not None:
             flags[name] = read_flag(value, f"{role}.{sub}")
     # No check: AReaL builds Megatron-Core models through mbridge or
@@ -289,7 +274,7 @@ def _engine(config: Mapping[str, Any], role: str, found: Allocation, key: str) -
 
 
 def _kl_ctl(config: Mapping[str, Any]) -> float:
-    present, value = _lookup(config, "actor.kl_ctl")
+    present, value = lookup(config, "actor.kl_ctl")
     if not present or value is None:
         return 0.1  # PPOActorConfig.kl_ctl's default (areal/api/cli_args.py:1458)
     if isinstance(value, str) and "${" in value:
@@ -304,7 +289,7 @@ def _sections(config: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str]
     rl_trainer.py:170-188), and role -> why not, for sections it skips."""
     sections, omitted = {}, {}
     for role in ROLES:
-        present, section = _lookup(config, role)
+        present, section = lookup(config, role)
         if not present or section is None:
             continue  # AReaL: ``config.critic is not None`` and the like
         if not isinstance(section, Mapping):
@@ -361,7 +346,7 @@ def _missing_backend(role: str) -> FieldValueError:
 
 
 def _warn_without_ray(config: Mapping[str, Any]) -> None:
-    present, scheduler = _lookup(config, SCHEDULER_TYPE)
+    present, scheduler = lookup(config, SCHEDULER_TYPE)
     if present and scheduler in NOT_RAY_SCHEDULERS:
         warnings.warn(
             f"{FIELD}: {SCHEDULER_TYPE} is {scheduler!r}: AReaL's {scheduler} scheduler "
@@ -405,7 +390,7 @@ def _user_values(config: Mapping[str, Any]) -> Dict[str, str]:
     """Key -> value, where the config itself sets the variable for some workers."""
     keys: Dict[str, str] = {}
     for path in SCHEDULING_SPECS:
-        present, specs = _lookup(config, path)
+        present, specs = lookup(config, path)
         if not present or specs is None:
             continue
         listed = [specs] if isinstance(specs, Mapping) else specs

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..rules import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
+from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
 from ..values import FIELD, fail_type, read_flag, read_name, read_size, show
 from . import Reader

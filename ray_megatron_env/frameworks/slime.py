@@ -35,7 +35,7 @@ import warnings
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..rules import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
+from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, read_flag, read_name, read_size
 from . import Reader

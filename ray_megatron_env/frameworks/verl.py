@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..rules import ENGINE_KINDS, INFERENCE, MEGATRON
+from ..engines import ENGINE_KINDS, INFERENCE, MEGATRON
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
-from ..values import FIELD, fail_type, read_flag, read_name, read_size
+from ..values import FIELD, fail_type, lookup, not_a_mapping, read_flag, read_name, read_size
 from . import Reader
 
 VERSIONS = "verl 0.9.1 (and verl-project/verl 1dda039b)"
@@ -183,24 +183,24 @@ def read_verl_sft(config: Mapping[str, Any]) -> Spec:
 
 
 def _mapping(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:
-    found, section = _lookup(config, path)
+    found, section = lookup(config, path)
     if not found or section is None:
         return {}
     if not isinstance(section, Mapping):
-        _expect_mapping(section, path)
+        raise not_a_mapping(path, section)
     return section
 
 
 def _flag(config: Mapping[str, Any], path: str, default: bool) -> bool:
-    found, value = _lookup(config, path)
+    found, value = lookup(config, path)
     return default if not found or value is None else read_flag(value, path)
 
 
 def _why_no_critic(config: Mapping[str, Any]) -> Optional[str]:
-    found, enable = _lookup(config, f"{CRITIC}.enable")
+    found, enable = lookup(config, f"{CRITIC}.enable")
     if found and enable is not None:
         return None if read_flag(enable, f"{CRITIC}.enable") else "not created: critic.enable is false"
-    found, estimator = _lookup(config, "algorithm.adv_estimator")
+    found, estimator = lookup(config, "algorithm.adv_estimator")
     estimator = estimator if found and estimator is not None else GAE
     estimator = read_name(estimator, "algorithm.adv_estimator")
     if estimator == GAE:
@@ -214,11 +214,11 @@ def _why_no_ref(config: Mapping[str, Any]) -> Optional[str]:
     if not (kl_loss or kl_reward):
         return "not created: neither actor.use_kl_loss nor algorithm.use_kl_in_reward is set"
     for path in ("actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_rank"):
-        found, rank = _lookup(config, path)
+        found, rank = lookup(config, path)
         if found and rank not in (None, 0):
             if read_size(rank, path) > 0:
                 return "not created: with LoRA the actor, adapter disabled, is the reference"
-    found, adapter = _lookup(config, "actor_rollout_ref.model.lora_adapter_path")
+    found, adapter = lookup(config, "actor_rollout_ref.model.lora_adapter_path")
     if found and adapter is not None:
         return "not created: with a LoRA adapter the actor, adapter disabled, is the reference"
     return None
@@ -303,32 +303,10 @@ def _read_declarations(section: Any) -> Dict[str, str]:
     return kinds
 
 
-def _expect_mapping(value: Any, key: str) -> None:
-    if isinstance(value, str) and "${" in value:
-        read_name(value, key)  # an unresolved interpolation gets its own message
-    raise fail_type(key, "a mapping", value)
-
-
-def _lookup(config: Mapping[str, Any], path: str) -> Tuple[bool, Any]:
-    """(found, value) for a dotted path; a non-mapping on the way is an error."""
-    node: Any = config
-    walked = []
-    for part in path.split("."):
-        if node is None:
-            return False, None
-        if not isinstance(node, Mapping):
-            _expect_mapping(node, ".".join(walked))
-        if part not in node:
-            return False, None
-        node = node[part]
-        walked.append(part)
-    return True, node
-
-
 def _named_engine(config: Mapping[str, Any], name_path: str,
                   kinds: Mapping[str, str]) -> Optional[Engine]:
     """An engine named by one key (a rollout's ``name``): never Megatron-sized."""
-    found, name = _lookup(config, name_path)
+    found, name = lookup(config, name_path)
     if not found or name in _UNSET:
         return None
     name = read_name(name, name_path)
@@ -363,7 +341,7 @@ def _engine(config: Mapping[str, Any], path: str, megatron_at: str, mlite_at: st
     prefix = mlite_at if mlite else megatron_at
     settings: Dict[str, Any] = {}
     for name, key, reader, required in keys:
-        found, value = _lookup(config, prefix + key)
+        found, value = lookup(config, prefix + key)
         # null means "not set" for a flag; a null size is a mistake, so it errs.
         if found and not (value is None and reader is read_flag):
             settings[name] = reader(value, prefix + key)
@@ -373,7 +351,7 @@ def _engine(config: Mapping[str, Any], path: str, megatron_at: str, mlite_at: st
                 f"{FIELD}: {strategy} engine at {path} has no {prefix + key}; looked for "
                 f"{looked} (verl's own configs always carry them: pass the composed config)")
     if mlite:
-        found, optimizer = _lookup(config, prefix + _MLITE_OPTIMIZER)
+        found, optimizer = lookup(config, prefix + _MLITE_OPTIMIZER)
         if found and optimizer is not None:
             settings["torch_fsdp2"] = read_name(optimizer, prefix + _MLITE_OPTIMIZER) == "fsdp2"
     else:
@@ -384,7 +362,7 @@ def _engine(config: Mapping[str, Any], path: str, megatron_at: str, mlite_at: st
 def _dispatcher(config: Mapping[str, Any], prefix: str) -> Optional[str]:
     """DeepEP or HybridEP, when verl's Megatron engine runs the flex dispatcher."""
     keys = tuple(prefix + key for key in _DISPATCHER_KEYS)
-    return read_dispatcher(*(_lookup(config, key)[1] for key in keys), keys)
+    return read_dispatcher(*(lookup(config, key)[1] for key in keys), keys)
 
 
 READER = Reader(

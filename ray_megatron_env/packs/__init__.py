@@ -8,31 +8,29 @@ A pack is data plus one small function:
 * ``Pack``: its name, the variables it owns, the node facts and config
   facts it reads (in words, for the docs), its rows, and whether it is
   always on (``cuda-connections``) or asked for per job (``nccl-fabric``).
-* ``PackRow``: one row of its table: when it applies (in words), the action
-  on its variables, the values, the strength, why, and the upstream source.
+* ``PackRow``: one row of its table as the docs show it: when it applies,
+  the action on its variables, the values, the strength, why, and the
+  upstream source.
 * Actions: ``set`` a value; ``remove`` a value the job set; ``keep`` the
   job's value with a warning; ``leave`` the variable to its library's own
   default.
-* ``evaluate(spec, facts, env_vars, node_environ) -> PackVerdict``: the
-  rows that apply on this node, one ``Outcome`` per variable it owns, plus
+* ``evaluate(spec, facts, env_vars, node_environ) -> PackVerdict``: one
+  ``Outcome`` per variable the pack owns (what to write, which values
+  already there may stay, and each row's ``Demand`` on the value), plus
   warnings that set nothing. Pure.
 
 ``decision.decide_node`` composes the packs a job asked for (always
-``cuda-connections``) over one node's facts, applies the precedence once
-for every variable, and produces the record. The ``cuda-connections`` pack
-keeps its table in ``rules.py`` and its evaluation in ``policy.py``;
-``packs/connections.py`` declares it over them.
-
-Import graph (every arrow points down)::
-
-    agent / explanation / check -> decision -> packs -> spec, node -> values, rules
+``cuda-connections`` first) over one node's facts, applies the one
+precedence (explicit ``env_vars`` value, value inherited from the node,
+unset) to every outcome, and writes one record entry per variable. No pack
+knows the precedence; the precedence knows no rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
 from ..values import FIELD, read_names, show
@@ -68,8 +66,35 @@ class PackRow:
 
 
 @dataclass(frozen=True)
+class Demand:
+    """One row's demand on one variable's final value, whatever the
+    precedence chose: what meets it, and who asks, in words for a warning."""
+
+    rule: str
+    strength: str  # required | preferred
+    accepts: FrozenSet[str]  # values that meet it (as ``canonical`` writes them)
+    unset_ok: bool
+    who: str  # "actor (asks not 1) [megatron-fsdp; required: ...]"
+
+    def allows(self, value: Optional[str]) -> bool:
+        return self.unset_ok if value is None else canonical(value) in self.accepts
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What one row says about one variable on one node."""
+    """What a pack says about one variable on one node.
+
+    ``set``: ``value`` is written unless the job's own value is there (kept;
+    a warning where a demand breaks) or the node's value is in ``accepts``
+    (kept). ``fill=False`` leaves an unset variable unset (the value is only
+    written over an inherited one outside ``accepts``). ``remove``: a job's
+    value is deleted. ``keep`` and ``leave`` write nothing. ``demands``
+    check the final value (``satisfied``, warnings); a ``set`` or
+    ``remove`` without them demands its own value, or no value, of itself.
+    ``replaces`` is a framework's own blanket value found in ``env_vars``:
+    not the user's intent, so decided anew instead of kept. ``detail`` is
+    added to the variable's record entry as it is (plain JSON values).
+    """
 
     variable: str
     action: str
@@ -77,6 +102,21 @@ class Outcome:
     strength: str
     rule: str
     reason: str
+    accepts: Optional[FrozenSet[str]] = None  # set: None means only ``value``
+    fill: bool = True
+    demands: Optional[Tuple[Demand, ...]] = None
+    replaces: Optional[str] = None
+    detail: Dict[str, Any] = field(default_factory=dict)
+
+
+def canonical(value: str) -> str:
+    """A variable's value as the libraries read it: CUDA and NCCL parse
+    integers (``"01"`` is 1, ``" 0"`` is 0); anything else as written."""
+    text = value.strip()
+    try:
+        return str(int(text))
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
@@ -96,7 +136,7 @@ class Pack:
     node_facts: Tuple[str, ...]
     config_facts: Tuple[str, ...]
     rows: Tuple[PackRow, ...]
-    evaluate: Optional[Evaluate] = None  # None: decided by today's precedence (decision.py)
+    evaluate: Evaluate
     needs_fabric: bool = False  # reads NVLink fabric facts (probed only for such packs)
     defaults: Tuple[Tuple[str, str], ...] = field(default=())  # variable -> the library's default
 

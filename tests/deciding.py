@@ -1,0 +1,21 @@
+"""One worker's decision on a node given by its GPUs, for the unit tables:
+``decision.decide_node`` with the CUDA variable's job and node values
+spelt as keywords."""
+
+from typing import Mapping, Optional
+
+from ray_megatron_env.decision import Decision, decide_node
+from ray_megatron_env.engines import VARIABLE
+from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeFacts
+from ray_megatron_env.spec import Spec
+
+
+def decided(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
+            inherited: Optional[str] = None,
+            worker_env: Optional[Mapping[str, str]] = None) -> Decision:
+    env_vars = dict(worker_env or {})
+    if explicit is not None:
+        env_vars[VARIABLE] = explicit
+    node_environ = {VARIABLE: inherited} if inherited is not None else {}
+    return decide_node(spec, NodeFacts(gpus), env_vars, node_environ).decision
