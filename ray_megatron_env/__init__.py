@@ -9,7 +9,7 @@ something is broken, keep it from joining the cluster.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "build_runtime_env": "runtime_env",

@@ -553,12 +553,13 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     need = verdict.requirement
     roles = by_role(verdict.findings)
     left_out = "".join(f"; {role}: {why}" for role, why in spec.omitted)
-    rule_ids = list(dict.fromkeys(i for ids, _, _ in roles.values() for i in ids.split("+")))
+    strength = min((s for _, s, _ in roles.values()), key=_STRONGEST.index, default=NONE)
+    # The rows that shaped the value: those of the strongest strength.
+    deciding = dict.fromkeys(f.rule.id for f in verdict.findings if f.strength == strength)
     outcome = Outcome(
         VARIABLE, SET if need.is_constraint else LEAVE,
-        str(need.choose()) if need.is_constraint else None,
-        min((s for _, s, _ in roles.values()), key=_STRONGEST.index, default=NONE),
-        "+".join(rule_ids), f"{verdict.reason}{left_out}",
+        str(need.choose()) if need.is_constraint else None, strength,
+        "+".join(deciding), f"{verdict.reason}{left_out}",
         accepts=need.values,
         fill=not need.unset_ok or need.preferred_value is not None,
         demands=tuple(Demand(f.rule.id, f.strength, f.rule.requirement.values,
