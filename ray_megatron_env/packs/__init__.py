@@ -185,5 +185,8 @@ def markdown_packs() -> str:
         if pack.defaults:
             out.append("- the library's default when unset: " +
                        "; ".join(f"`{v}`: {d}" for v, d in pack.defaults))
-        out += ["", markdown_table(pack), ""]
+        # The always-on pack's table, with every condition, is rules.md's alone.
+        table = ("Its rows, with every condition, are in [rules.md](rules.md#the-table)."
+                 if name in ALWAYS_ON else markdown_table(pack))
+        out += ["", table, ""]
     return "\n".join(out).rstrip()

@@ -630,7 +630,7 @@ PACK = Pack(
     name=CUDA_CONNECTIONS,
     summary=("How many hardware work queues CUDA gives each process. Megatron's tensor and "
              "context parallelism need 1 before Blackwell; FSDP-style and inference engines "
-             "want more. The full table, with every condition, is in docs/rules.md."),
+             "want more."),
     variables=(VARIABLE,),
     node_facts=("the compute capability of every GPU (the oldest decides)",
                 "the vendor of a node without NVIDIA GPUs"),
