@@ -317,3 +317,29 @@ def test_runtime_env_verb_ships_the_packs_and_refuses_an_unknown_one(capsys):
     assert json.loads(capsys.readouterr().out)["megatron_env"]["packs"] == ["nccl-fabric"]
     assert main(["runtime-env", str(MEGATRON_YAML), "--packs", "fabric", "--json"]) == 2
     assert "known packs: cuda-connections, nccl-fabric" in capsys.readouterr().err
+
+
+def test_every_row_of_every_pack_cites_a_source_and_says_why():
+    from ray_megatron_env.packs import get_pack
+    from ray_megatron_env.rules import RULES
+
+    for name in PACK_NAMES:
+        for row in get_pack(name).rows:
+            assert row.source.strip() and row.why.strip(), (name, row.id)
+    for rule in RULES:
+        assert rule.source.strip(), rule.id
+        assert rule.why.strip(), rule.id
+
+
+def test_no_row_claims_what_its_source_was_found_to_contradict():
+    """Claims an independent reading of the sources refuted (issue 22)."""
+    from ray_megatron_env.packs import get_pack
+    from ray_megatron_env.rules import RULES
+
+    texts = [f"{r.why} {r.source}" for r in get_pack("nccl-fabric").rows]
+    texts += [f"{r.why} {r.source}" for r in RULES]
+    for text in texts:
+        assert "NCCL still works" not in text  # nccl#2186 is a SIGSEGV
+        assert "run scripts export 1" not in text  # slime: docker/npu_patch/slime.patch
+        assert "token_dispatcher.py (overlap only" not in text  # no such line
+        assert "Ascend e2e CI with the MindSpeed-LLM engine failed" not in text  # verl #7040
