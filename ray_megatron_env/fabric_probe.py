@@ -1,5 +1,6 @@
 """Finding a node's NVLink fabric facts: the fake variable, NVML, then
-``nvidia-smi -q``; and the IMEX channel from ``/dev``.
+``nvidia-smi -q``; the IMEX channel from ``/dev``; and the IMEX daemon's
+state from ``nvidia-imex-ctl -N -j`` where that tool answers.
 
 The hardware edge for the ``nccl-fabric`` pack, run only when a job asks
 for that pack. Like ``probe.py`` it never raises, never waits longer than
@@ -8,18 +9,32 @@ its bounds and never creates a CUDA context: NVML's
 records, and the IMEX channel is a device file checked with ``os.access``.
 A fabric that cannot be read is recorded as unknown, and the pack then sets
 nothing (leaving NCCL's defaults is what every job does today).
+
+IMEX's state: an unprivileged process cannot ask systemd or read the
+daemon's log, and a container sees neither the daemon's process nor, often,
+``/etc/nvidia-imex/``. What it can run is the daemon's control tool, which
+asks the daemon over its command port: ``nvidia-imex-ctl -N -j`` prints the
+domain as JSON, ``{"nodes": {...: {"status": "READY" | ...}}, "status":
+"UP" | "DEGRADED" | "DOWN"}``. The probe reads only the domain's ``status``:
+UP (every node READY and connected) is ready, DOWN is not ready; anything
+else (DEGRADED, where this node may or may not be the one missing; no tool;
+no answer within the bound; a refused connection, which also happens when
+the daemon's command service is simply switched off) is unknown, and the
+pack then leaves IMEX to NCCL's own check.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple
 
 from .node import (
-    ABSENT, COMPLETED, FAKE_NODE_VARIABLE, HEALTH_DEGRADED, HEALTH_OK, IN_PROGRESS,
-    NOT_STARTED, NOT_SUPPORTED, SUCCESS, UNWRITABLE, WRITABLE, FakeNodeError, GpuFabric,
-    NodeFabric, NodeFacts, parse_fake_node,
+    ABSENT, COMPLETED, FAKE_NODE_VARIABLE, HEALTH_DEGRADED, HEALTH_OK, IMEX_NOT_READY,
+    IMEX_READY, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED, SUCCESS, UNWRITABLE, WRITABLE,
+    FakeNodeError, GpuFabric, NodeFabric, NodeFacts, decode_health_mask, parse_fake_node,
 )
 from .probe import (
     FAKE_VARIABLE, NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S, Absent, ProbeError, _bounded,
@@ -38,16 +53,52 @@ _SMI_STATES = {"n/a": NOT_SUPPORTED, "not supported": NOT_SUPPORTED,
                "not started": NOT_STARTED, "in progress": IN_PROGRESS, "completed": COMPLETED}
 
 
+IMEX_CTL = ("nvidia-imex-ctl",)
+IMEX_TIMEOUT_S = SMI_TIMEOUT_S
+
+
 def probe_fabric(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
                  smi_command: Sequence[str] = ("nvidia-smi",),
                  smi_timeout_s: float = SMI_TIMEOUT_S,
-                 nvml_timeout_s: float = NVML_TIMEOUT_S) -> NodeFabric:
+                 nvml_timeout_s: float = NVML_TIMEOUT_S,
+                 imex_command: Sequence[str] = IMEX_CTL,
+                 imex_timeout_s: float = IMEX_TIMEOUT_S) -> NodeFabric:
     """This node's fabric facts. Never raises; bounded in time."""
     try:
-        return _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s)
+        fabric = _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s)
     except Exception as exc:  # a bug here must not fail every worker start
         return NodeFabric(None, imex_channel(environ), "probe",
                           f"unexpected {type(exc).__name__}: {exc}")
+    if fabric.method == "fake" or not fabric.attached:
+        return fabric  # IMEX matters only where NCCL would take the MNNVL path
+    status, detail = imex_status(imex_command, imex_timeout_s)
+    return dataclasses.replace(fabric, imex_status=status, imex_detail=detail)
+
+
+def imex_status(command: Sequence[str] = IMEX_CTL,
+                timeout_s: float = IMEX_TIMEOUT_S) -> Tuple[Optional[str], str]:
+    """(ready | not-ready | None for unknown, words saying how it was read)."""
+    try:
+        text = run_smi(command, ("-N", "-j"), timeout_s)
+    except (Absent, ProbeError) as exc:
+        return None, f"{command[0]} -N -j: {exc}"
+    except Exception as exc:  # never fail a worker over this
+        return None, f"{command[0]} -N -j: unexpected {type(exc).__name__}: {exc}"
+    return parse_imex_domain(text or "")
+
+
+def parse_imex_domain(text: str) -> Tuple[Optional[str], str]:
+    """``nvidia-imex-ctl -N -j`` output -> (status, words)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, "nvidia-imex-ctl -N -j printed no JSON"
+    domain = data.get("status") if isinstance(data, Mapping) else None
+    if domain == "UP":
+        return IMEX_READY, "IMEX domain UP (nvidia-imex-ctl -N -j)"
+    if domain == "DOWN":
+        return IMEX_NOT_READY, "IMEX domain DOWN (nvidia-imex-ctl -N -j)"
+    return None, f"IMEX domain status {domain!r} does not say whether this node is ready"
 
 
 def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeFabric:
@@ -150,11 +201,12 @@ def _record(nvml: Any, info: Any) -> GpuFabric:
     health = None
     mask = getattr(info, "healthMask", None)
     if mask is not None:
-        shift = getattr(nvml, "NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW", 0)
-        width = getattr(nvml, "NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW", 0x3)
-        bits = (mask >> shift) & width
-        health = {1: HEALTH_DEGRADED, 2: HEALTH_OK}.get(bits)  # 0: not supported
-    return GpuFabric(state, status, uuid, int(info.cliqueId), health)
+        # NVML's layout (node.HEALTH_FIELDS): DEGRADED_BW is bits 0-1, 1 TRUE
+        # (degraded), 2 FALSE, 0 not supported.
+        mask = int(mask)
+        health = {"true": HEALTH_DEGRADED, "false": HEALTH_OK}.get(
+            decode_health_mask(mask).get("degraded_bw"))
+    return GpuFabric(state, status, uuid, int(info.cliqueId), health, mask)
 
 
 def _from_smi(command: Sequence[str], timeout_s: float) -> Tuple[Tuple[GpuFabric, ...], str]:

@@ -30,6 +30,53 @@ HEALTHS = (HEALTH_OK, HEALTH_DEGRADED)
 # /dev/nvidia-caps-imex-channels/channel<N> as the worker sees it.
 WRITABLE, UNWRITABLE, ABSENT = "writable", "unwritable", "absent"
 IMEX_CHANNELS = (WRITABLE, UNWRITABLE, ABSENT)
+# The IMEX daemon's own state as the node could read it (``nvidia-imex-ctl
+# -N -j``); None: unknown (tool absent, no answer, or an answer that does
+# not settle it).
+IMEX_READY, IMEX_NOT_READY = "ready", "not-ready"
+IMEX_STATUSES = (IMEX_READY, IMEX_NOT_READY)
+
+# NVML's fabric health mask (nvml.h, NVML_GPU_FABRIC_HEALTH_MASK_*; the same
+# constants in nvidia-ml-py's pynvml): (field, shift, width, {value: word}).
+# A field reads 0 where the driver does not report it.
+HEALTH_FIELDS = (
+    ("degraded_bw", 0, 0x3, {1: "true", 2: "false"}),
+    ("route_recovery", 2, 0x3, {1: "true", 2: "false"}),
+    ("route_unhealthy", 4, 0x3, {1: "true", 2: "false"}),
+    ("access_timeout_recovery", 6, 0x3, {1: "true", 2: "false"}),
+    ("incorrect_configuration", 8, 0xF,
+     {1: "none", 2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition",
+      5: "insufficient_nvlinks", 6: "incompatible_gpu_fw", 7: "invalid_location",
+      8: "gpu_state_invalid"}),
+    ("partition_assigned", 12, 0x3, {1: "true", 2: "false"}),
+    ("gfm_state", 14, 0x3, {1: "connected", 2: "disconnected"}),
+)
+# The value of each field that says something is wrong (the others say it
+# is fine or are not reported).
+_HEALTH_PROBLEMS = {"degraded_bw": ("true",), "route_recovery": ("true",),
+                    "route_unhealthy": ("true",), "access_timeout_recovery": ("true",),
+                    "incorrect_configuration": ("incorrect_sysguid", "incorrect_chassis_sn",
+                                                "no_partition", "insufficient_nvlinks",
+                                                "incompatible_gpu_fw", "invalid_location",
+                                                "gpu_state_invalid"),
+                    "partition_assigned": ("false",), "gfm_state": ("disconnected",)}
+
+
+def decode_health_mask(mask: int) -> dict:
+    """NVML's health mask, field by field: ``{field: word}`` for each field
+    the driver reports (a field reading 0, not supported, is left out)."""
+    out = {}
+    for name, shift, width, words in HEALTH_FIELDS:
+        value = (mask >> shift) & width
+        if value:
+            out[name] = words.get(value, f"unknown({value})")
+    return out
+
+
+def health_problems(mask: int) -> Tuple[str, ...]:
+    """``field=word`` for each field of the mask that reports a problem."""
+    return tuple(f"{name}={word}" for name, word in decode_health_mask(mask).items()
+                 if word in _HEALTH_PROBLEMS.get(name, ()))
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
@@ -41,7 +88,19 @@ class GpuFabric:
     status: Optional[str] = None  # "success", or NVML's error words; None: not reported
     cluster_uuid: Optional[str] = None  # None or the zero UUID: no multi-node NVLink domain
     clique_id: Optional[int] = None
-    health: Optional[str] = None  # ok | degraded | None (not reported)
+    health: Optional[str] = None  # ok | degraded | None (not reported): NVML's DEGRADED_BW
+    health_mask: Optional[int] = None  # NVML's whole healthMask, when read from NVML
+
+    @property
+    def completed(self) -> bool:
+        return self.state == COMPLETED
+
+    @property
+    def health_problems(self) -> Tuple[str, ...]:
+        """What the health mask (or, without one, the bandwidth word) says is wrong."""
+        if self.health_mask is not None:
+            return health_problems(self.health_mask)
+        return ("degraded_bw=true",) if self.health == HEALTH_DEGRADED else ()
 
     @property
     def has_cluster(self) -> bool:
@@ -65,6 +124,8 @@ class NodeFabric:
     detail: Optional[str] = None
     probed_at: Optional[float] = None
     probe_pid: Optional[int] = None
+    imex_status: Optional[str] = None  # ready | not-ready | None (unknown)
+    imex_detail: Optional[str] = None
 
     @property
     def is_known(self) -> bool:
@@ -78,10 +139,16 @@ class NodeFabric:
 
     @property
     def attached(self) -> bool:
-        """Every GPU is in a multi-node NVLink domain and registered with it:
-        state COMPLETED, status SUCCESS, a non-zero cluster UUID (the facts
-        NCCL's ncclMnnvlCheck requires before it turns MNNVL on)."""
-        return bool(self.gpus) and all(g.ready and g.has_cluster for g in self.gpus)
+        """NCCL's own condition for taking the MNNVL path (src/mnnvl.cc,
+        ncclMnnvlCheck): every GPU's fabric state COMPLETED and a non-zero
+        cluster UUID. The status field is not tested, as NCCL does not."""
+        return bool(self.gpus) and all(g.completed and g.has_cluster for g in self.gpus)
+
+    @property
+    def registration_failed(self) -> bool:
+        """Attached, but some GPU's completed registration reports an error
+        status (NVML: status is meaningful once the state is COMPLETED)."""
+        return self.attached and any(g.status not in (None, SUCCESS) for g in self.gpus)
 
     @property
     def ready(self) -> bool:
@@ -90,6 +157,15 @@ class NodeFabric:
     @property
     def degraded(self) -> bool:
         return bool(self.gpus) and any(g.health == HEALTH_DEGRADED for g in self.gpus)
+
+    @property
+    def health_problems(self) -> Tuple[str, ...]:
+        """Every problem any GPU's health reports, once each, in order."""
+        seen = {}
+        for gpu in self.gpus or ():
+            for problem in gpu.health_problems:
+                seen.setdefault(problem, None)
+        return tuple(seen)
 
     def describe(self) -> str:
         """Words for a reason sentence."""
@@ -105,14 +181,17 @@ class NodeFabric:
         uuids = sorted({g.cluster_uuid for g in self.gpus if g.has_cluster})
         if uuids:
             words += f", cluster {uuids[0]}"
-        return f"{words}, IMEX channel {self.imex_channel}"
+        imex = self.imex_status or "unknown"
+        return f"{words}, IMEX channel {self.imex_channel}, IMEX {imex}"
 
     def to_dict(self) -> dict:
         return {"method": self.method, "error": self.error, "detail": self.detail,
-                "imex_channel": self.imex_channel,
+                "imex_channel": self.imex_channel, "imex_status": self.imex_status,
+                "imex_detail": self.imex_detail,
                 "gpus": None if self.gpus is None else [
                     {"state": g.state, "status": g.status, "cluster_uuid": g.cluster_uuid,
-                     "clique_id": g.clique_id, "health": g.health} for g in self.gpus]}
+                     "clique_id": g.clique_id, "health": g.health,
+                     "health_mask": g.health_mask} for g in self.gpus]}
 
 
 @dataclass(frozen=True)
@@ -128,13 +207,14 @@ class FakeNodeError(ValueError):
     """RAY_MEGATRON_ENV_FAKE_NODE (or explain's --node) is not what it must be."""
 
 
-_FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health")
-_TOP_KEYS = ("gpus", "fabric", "imex_channel")
+_FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health", "health_mask")
+_TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status")
 
 
 def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
                     default_gpus: Optional[str] = None) -> Tuple[Optional[str], NodeFabric]:
-    """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent"}`` ->
+    """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent",
+    "imex_status": "ready"}`` ->
     the GPU list text (``None`` if not given) and the node's fabric.
 
     The one fabric record applies to every GPU in ``gpus`` (or in
@@ -157,9 +237,13 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
     if imex not in IMEX_CHANNELS:
         raise FakeNodeError(f"{where}: imex_channel must be one of {', '.join(IMEX_CHANNELS)}, "
                             f"got {imex!r}")
+    status = data.get("imex_status")  # absent: unknown, as a probe that cannot tell
+    if status is not None and status not in IMEX_STATUSES:
+        raise FakeNodeError(f"{where}: imex_status must be one of {', '.join(IMEX_STATUSES)} "
+                            f"(leave it out for unknown), got {status!r}")
     fabric = _fake_fabric(data.get("fabric"), where)
     return gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, "fake",
-                            detail=f"{where}={text}")
+                            detail=f"{where}={text}", imex_status=status)
 
 
 def _only(data: Mapping[str, Any], allowed: Tuple[str, ...], words: str) -> None:
@@ -194,9 +278,16 @@ def _fake_fabric(raw: Any, where: str) -> GpuFabric:
     for key in ("status", "cluster_uuid"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise FakeNodeError(f"{where}: fabric.{key} must be a string")
+    for key in ("clique_id", "health_mask"):
+        number = raw.get(key)
+        if number is not None and (isinstance(number, bool) or not isinstance(number, int)
+                                   or number < 0):
+            raise FakeNodeError(f"{where}: fabric.{key} must be a non-negative integer")
     clique = raw.get("clique_id")
-    if clique is not None and (isinstance(clique, bool) or not isinstance(clique, int)):
-        raise FakeNodeError(f"{where}: fabric.clique_id must be an integer")
+    mask = raw.get("health_mask")
+    if mask is not None and health is None:  # NVML's DEGRADED_BW field, as the probe reads it
+        health = {"true": HEALTH_DEGRADED, "false": HEALTH_OK}.get(
+            decode_health_mask(mask).get("degraded_bw"))
     # A completed fabric without a status reads as NVML reports it: success.
     status = raw.get("status", SUCCESS if state == COMPLETED else None)
-    return GpuFabric(state, status, raw.get("cluster_uuid"), clique, health)
+    return GpuFabric(state, status, raw.get("cluster_uuid"), clique, health, mask)

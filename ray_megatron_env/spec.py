@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .engines import (
-    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, KNOWN_STRATEGIES, MEGATRON,
-    MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
+    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
+    MEGATRON, MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
 )
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
@@ -145,6 +145,8 @@ class Engine:
         # kinds keeps the compact form minimal and round trips exact.
         if self.kind != MEGATRON:
             for name in MEGATRON_SETTINGS:
+                if name == "tensor_parallel" and self.kind == INFERENCE:
+                    continue  # the nccl-fabric pack reads it (a TP group across nodes)
                 object.__setattr__(self, name, ENGINE_DEFAULTS[name])
 
     @property
@@ -169,7 +171,8 @@ class Engine:
 
     def describe(self) -> str:
         if self.kind != MEGATRON:
-            return self.strategy if not self.declared else f"{self.strategy} ({self.kind})"
+            name = self.strategy if not self.declared else f"{self.strategy} ({self.kind})"
+            return name if self.tensor_parallel == 1 else f"{name} TP={self.tensor_parallel}"
         words = [self.strategy, f"TP={self.tensor_parallel}", f"CP={self.context_parallel}"]
         if self.expert_parallel > 1:
             words.append(f"EP={self.expert_parallel}")

@@ -31,13 +31,14 @@ WATCHED = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE
 # CUDA_DEVICE_MAX_CONNECTIONS from docs/rules.md (1 below Blackwell), the
 # NCCL values from docs/packs.md: the HGX with its fabric not registered gets
 # NVLS off (nvswitch-fabric-not-ready), the tray without an IMEX channel
-# MNNVL and NVLS off (fabric-without-imex); the A100 node (fake GPUs alone:
+# MNNVL off only (fabric-without-imex: with MNNVL off NVLS uses POSIX handles
+# per host, NCCL src/transport/nvls.cc); the A100 node (fake GPUs alone:
 # no fabric, as a PCIe node) and the CPU head get no NCCL value.
 GOLDEN_WITH_FABRIC = {
     "cpu_head": (None, None, None, None),
     "a100": ("1", None, None, None),
     "h100": ("1", None, "0", None),
-    "b200": (None, "0", "0", None),
+    "b200": (None, "0", None, None),
 }
 
 

@@ -207,7 +207,10 @@ def test_the_fake_node_gives_the_gpus_and_the_fabric():
     ('{"imex_channel": "yes"}', "imex_channel must be one of writable, unwritable, absent"),
     ('{"fabric": {"state": "ready"}}', "fabric.state must be one of"),
     ('{"fabric": {"state": "completed", "health": "bad"}}', "fabric.health must be one of"),
-    ('{"fabric": {"state": "completed", "clique_id": "7"}}', "clique_id must be an integer"),
+    ('{"fabric": {"state": "completed", "clique_id": "7"}}', "clique_id must be a non-negative integer"),
+    ('{"fabric": {"state": "completed", "health_mask": -1}}',
+     "health_mask must be a non-negative integer"),
+    ('{"imex_status": "up"}', "imex_status must be one of ready, not-ready"),
 ])
 def test_a_bad_fake_node_is_named_and_never_a_silent_value(text, message):
     gpus = probe_gpus({FAKE_NODE_VARIABLE: text})
@@ -239,3 +242,117 @@ def test_probe_node_reads_the_fabric_only_for_packs_that_need_it():
     assert probe_node(plain, environ).fabric is None
     facts = probe_node(asked, environ)
     assert facts.gpus.capabilities == ((9, 0),) and facts.fabric.switched
+
+
+# --- NVML's health mask, decoded by NVML's own layout (nvml.h) ----------------
+
+@pytest.mark.parametrize("mask,fields,problems", [
+    # NVIDIA/nccl#2186 reports 0xaa: bits 0-7 read 2 (false) four times, the
+    # configuration field 0 (not reported): a healthy GPU, not "4 of 8 degraded".
+    (0xAA, {"degraded_bw": "false", "route_recovery": "false", "route_unhealthy": "false",
+            "access_timeout_recovery": "false"}, ()),
+    (0x0, {}, ()),
+    (0x1, {"degraded_bw": "true"}, ("degraded_bw=true",)),
+    (0x2 | (4 << 8), {"degraded_bw": "false", "incorrect_configuration": "no_partition"},
+     ("incorrect_configuration=no_partition",)),
+    ((1 << 8) | (1 << 12) | (2 << 14), {"incorrect_configuration": "none",
+                                        "partition_assigned": "true",
+                                        "gfm_state": "disconnected"},
+     ("gfm_state=disconnected",)),
+])
+def test_the_health_mask_decodes_as_nvml_defines_it(mask, fields, problems):
+    from ray_megatron_env.node import decode_health_mask, health_problems
+
+    assert decode_health_mask(mask) == fields
+    assert health_problems(mask) == problems
+
+
+def test_the_layout_is_nvmls_own():
+    from ray_megatron_env.node import HEALTH_FIELDS
+
+    for name, shift, width, _ in HEALTH_FIELDS:
+        upper = name.upper()
+        assert getattr(pynvml, f"NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_{upper}") == shift, name
+        assert getattr(pynvml, f"NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_{upper}") == width, name
+
+
+def test_nvml_record_keeps_the_whole_mask():
+    uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
+    nvml = _FabricNvml([{"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+                         "status": pynvml.NVML_SUCCESS, "cliqueId": 1, "clusterUuid": uuid,
+                         "healthMask": 0xAA}])
+    gpu, = probe_fabric({ROOT_VARIABLE: "/nonexistent"}, nvml=nvml,
+                        imex_command=NO_SMI).gpus
+    assert (gpu.health, gpu.health_mask, gpu.health_problems) == ("ok", 0xAA, ())
+
+
+# --- IMEX's state ---------------------------------------------------------------
+
+UP = ('{"nodes": {"0": {"status": "READY", "host": "10.0.0.1", "connections": {}}}, '
+      '"timestamp": "9/4/2026 00:00:00.000", "status": "UP"}')
+DOWN = ('{"nodes": {"0": {"status": "UNAVAILABLE", "host": "10.0.0.1", '
+        '"connections": {}}}, "status": "DOWN"}')
+DEGRADED = '{"nodes": {}, "status": "DEGRADED"}'
+
+
+@pytest.mark.parametrize("text,status", [
+    (UP, "ready"), (DOWN, "not-ready"), (DEGRADED, None), ("", None), ("[]", None),
+    ("Connection refused", None),
+])
+def test_imex_domain_status_from_nvidia_imex_ctl(text, status):
+    from ray_megatron_env.fabric_probe import parse_imex_domain
+
+    assert parse_imex_domain(text)[0] == status
+
+
+def _gb200_nvml():
+    uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
+    return _FabricNvml([{"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+                         "status": pynvml.NVML_SUCCESS, "cliqueId": 1, "clusterUuid": uuid,
+                         "healthMask": 0}])
+
+
+def test_the_imex_tool_is_asked_on_an_attached_node_and_bounded(tmp_path):
+    down = _script(tmp_path, DOWN)
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_gb200_nvml(),
+                          imex_command=down)
+    assert fabric.attached and fabric.imex_status == "not-ready"
+    absent = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_gb200_nvml(),
+                          imex_command=NO_SMI)
+    assert absent.imex_status is None and "not installed" in absent.imex_detail
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 30\n")
+    hang.chmod(0o755)
+    slow = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_gb200_nvml(),
+                        imex_command=(str(hang),), imex_timeout_s=0.5)
+    assert slow.imex_status is None and "did not answer within 0.5 s" in slow.imex_detail
+
+
+def test_the_imex_tool_is_not_run_where_nccl_takes_no_mnnvl_path(tmp_path):
+    marker = tmp_path / "ran"
+    tool = tmp_path / "imex"
+    tool.write_text(f"#!/bin/sh\ntouch {marker}\necho '{UP}'\n")
+    tool.chmod(0o755)
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(),
+                          smi_command=_script(tmp_path, read("hgx_h100_sxm_x8.txt")),
+                          imex_command=(str(tool),))
+    assert not fabric.attached and fabric.imex_status is None and not marker.exists()
+
+
+def test_the_fake_node_carries_imex_status_and_absent_is_unknown():
+    base = '{"gpus": "10.0", "fabric": {"state": "completed", "cluster_uuid": "%s"}' % (
+        "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01")
+    assert parse_fake_node(base + ', "imex_status": "ready"}')[1].imex_status == "ready"
+    assert parse_fake_node(base + ', "imex_status": "not-ready"}')[1].imex_status == \
+        "not-ready"
+    assert parse_fake_node(base + "}")[1].imex_status is None
+
+
+def test_attached_is_nccls_condition_state_and_uuid_not_status():
+    text = ('{"gpus": "10.0", "fabric": {"state": "completed", "status": "NVML error 999", '
+            '"cluster_uuid": "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01"}}')
+    fabric = parse_fake_node(text)[1]
+    assert fabric.attached and fabric.registration_failed and not fabric.ready
+    zero = parse_fake_node('{"gpus": "10.0", "fabric": {"state": "completed", "cluster_uuid": '
+                           '"00000000-0000-0000-0000-000000000000"}}')[1]
+    assert not zero.attached

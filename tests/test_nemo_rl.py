@@ -157,6 +157,68 @@ def test_moe_overlap_through_model_overrides_asks_for_32():
     assert explain(config, "10.0").value == "32"
 
 
+# NeMo-RL merges model_overrides into the Megatron-Bridge provider
+# (nemo_rl/models/megatron/setup.py, _merge_model_overrides), Bridge passes
+# pipeline_model_parallel_comm_backend to initialize_model_parallel
+# (training/initialize.py), and Megatron-Core then asserts the value is not
+# "1" when it is set (parallel_state.py, "UCC-backend requires
+# CUDA_DEVICE_MAX_CONNECTIONS > 1"). TP=2 alone asks "1" before Blackwell,
+# required only where Megatron-LM's validate_args runs, which NeMo-RL never
+# calls; so UCC's required "not 1" wins: left unset.
+@pytest.mark.parametrize("gpus", GPUS)
+def test_a_ucc_pipeline_in_model_overrides_never_gets_1(gpus):
+    config = _plain(MEGATRON_TP2)
+    config["policy"]["megatron_cfg"]["model_overrides"] = {
+        "pipeline_model_parallel_comm_backend": "ucc"}
+    policy = dict(load_spec(config)[0].engines)["policy"]
+    assert (policy.tensor_parallel, policy.pipeline_backend) == (2, "ucc")
+    decision = explain(config, gpus, role="policy")
+    assert decision.value is None
+    assert decision.satisfied
+
+
+@pytest.mark.parametrize("gpus,value", [("8.0", "1"), ("9.0", "1"), ("10.0", None)])
+def test_without_ucc_the_same_config_still_gets_1_before_blackwell(gpus, value):
+    config = _plain(MEGATRON_TP2)
+    config["policy"]["megatron_cfg"]["model_overrides"] = {
+        "pipeline_model_parallel_comm_backend": "nccl"}
+    assert explain(config, gpus, role="policy").value == value
+    del config["policy"]["megatron_cfg"]["model_overrides"]
+    assert explain(config, gpus, role="policy").value == value
+
+
+@pytest.mark.parametrize("key,value", [
+    ("tensor_model_parallel_size", 1), ("context_parallel_size", 2),
+    ("expert_model_parallel_size", 4), ("moe_token_dispatcher_type", "flex"),
+    ("moe_flex_dispatcher_backend", "hybridep"), ("moe_enable_deepep", True),
+])
+def test_a_first_class_setting_in_model_overrides_is_refused_as_nemo_rl_does(key, value):
+    config = _plain(MEGATRON_TP2)
+    config["policy"]["megatron_cfg"]["model_overrides"] = {key: value}
+    with pytest.raises(FieldValueError) as error:
+        load_spec(config)
+    assert (f"policy.megatron_cfg.model_overrides.{key} conflicts with "
+            f"policy.megatron_cfg.{key}") in str(error.value)
+
+
+def test_a_generation_config_model_overrides_replaces_the_policys():
+    config = _plain(MCORE_GEN_SEPARATE)
+    config["policy"]["megatron_cfg"]["model_overrides"] = {
+        "pipeline_model_parallel_comm_backend": "ucc"}
+    engines = dict(load_spec(config)[0].engines)
+    assert engines["policy"].pipeline_backend == "ucc"
+    # mcore_generation_config is shallow-merged: its own model_overrides wins whole
+    config["policy"]["generation"]["mcore_generation_config"]["model_overrides"] = {}
+    assert dict(load_spec(config)[0].engines)["generation"].pipeline_backend is None
+
+
+def test_a_trtllm_generation_carries_its_tensor_parallel_size():
+    config = _plain(DTENSOR)
+    config["policy"]["generation"]["backend"] = "trtllm"
+    config["policy"]["generation"]["trtllm_cfg"] = {"tensor_parallel_size": 8}
+    assert dict(load_spec(config)[0].engines)["generation"].tensor_parallel == 8
+
+
 def test_use_custom_fsdp_is_not_read_because_nemo_rl_never_passes_it_on():
     config = _plain(MEGATRON_TP2)
     config["policy"]["megatron_cfg"]["distributed_data_parallel_config"]["use_custom_fsdp"] = True
@@ -264,6 +326,9 @@ _DELETE = object()
     (MEGATRON_TP2, "policy.megatron_cfg.model_overrides",
      {"overlap_moe_expert_parallel_comm": "on"}, FieldTypeError,
      ["policy.megatron_cfg.model_overrides.overlap_moe_expert_parallel_comm"]),
+    (MEGATRON_TP2, "policy.megatron_cfg.model_overrides",
+     {"pipeline_model_parallel_comm_backend": "mpi"}, FieldValueError,
+     ["policy.megatron_cfg.model_overrides.pipeline_model_parallel_comm_backend", "ucc"]),
     (DTENSOR, "policy.generation.backend", "hf", FieldValueError,
      ["policy.generation.backend", "'hf'", "vllm", "megatron"]),
     (DTENSOR, "policy.generation.backend", "megatron", FieldValueError,

@@ -32,8 +32,23 @@ GB200 = {"gpus": "10.0,10.0,10.0,10.0",
 GB200_NO_IMEX = json.dumps({**GB200, "imex_channel": "absent"})
 GB200_LOCKED_IMEX = json.dumps({**GB200, "imex_channel": "unwritable"})
 GB200_IMEX = json.dumps({**GB200, "imex_channel": "writable"})
+GB200_IMEX_READY = json.dumps({**GB200, "imex_channel": "writable", "imex_status": "ready"})
+GB200_IMEX_DOWN = json.dumps({**GB200, "imex_channel": "writable", "imex_status": "not-ready"})
+# COMPLETED with an error status: NCCL's check (src/mnnvl.cc) reads only the
+# state and the UUID, so it takes the MNNVL path.
+_FAILED = {**GB200["fabric"], "status": "NVML error 999"}
+GB200_FAILED_IMEX = json.dumps({**GB200, "fabric": _FAILED, "imex_channel": "writable"})
+GB200_FAILED_NO_IMEX = json.dumps({**GB200, "fabric": _FAILED, "imex_channel": "absent"})
 GB200_DEGRADED = json.dumps({**GB200, "imex_channel": "writable",
                              "fabric": {**GB200["fabric"], "health": "degraded"}})
+# NVIDIA/nccl#2186's mask: under NVML's layout every field reads 2 (false).
+GB200_MASK_2186 = json.dumps({**GB200, "imex_channel": "writable",
+                              "fabric": {**GB200["fabric"], "health": None,
+                                         "health_mask": 0xAA}})
+# DEGRADED_BW false (2), INCORRECT_CONFIGURATION no_partition (4 << 8).
+GB200_NO_PARTITION = json.dumps({**GB200, "imex_channel": "writable",
+                                 "fabric": {**GB200["fabric"], "health": None,
+                                            "health_mask": 0x402}})
 GB200_FABRIC_STARTING = json.dumps({"gpus": "10.0", "fabric": {"state": "in_progress"},
                                     "imex_channel": "absent"})
 # HGX H100: NVSwitch GPUs report a fabric state with an all-zero cluster UUID.
@@ -48,8 +63,14 @@ CPU = json.dumps({"gpus": "none"})
 MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}
 TRTLLM_ROLLOUT = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2},
                               "rollout": {"strategy": "trtllm"}}}
+# TP=8 on a 4-GPU GB200 tray spans trays; TP=4 fits in one.
+TRTLLM_TP8 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2},
+                          "rollout": {"strategy": "trtllm", "tensor_parallel": 8}}}
+TRTLLM_TP4 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2},
+                          "rollout": {"strategy": "trtllm", "tensor_parallel": 4}}}
 VLLM_ROLLOUT = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2},
                             "rollout": {"strategy": "vllm"}}}
+LEAVE = "leave-to-nccl"
 
 
 def nccl(env):
@@ -59,38 +80,60 @@ def nccl(env):
 # Golden table: node, job env_vars, config, tp_spans_nodes -> NCCL variables
 # written, variables removed, the rule deciding each, whether a warning says so.
 @pytest.mark.parametrize("node,job_env,config,spans,written,removed,rules,warns", [
-    # fabric-attached without a usable IMEX channel: mnnvl.cc fails init
-    (GB200_NO_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0", NVLS: "0"}, [],
-     {MNNVL: "fabric-without-imex", NVLS: "fabric-without-imex", CUMEM: "leave-to-nccl"}, False),
-    (GB200_LOCKED_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0", NVLS: "0"}, [],
-     {MNNVL: "fabric-without-imex", NVLS: "fabric-without-imex"}, False),
-    # the same tray with its channel: NCCL's default is right
+    # fabric-attached without a usable IMEX channel: mnnvl.cc fails init; MNNVL
+    # off only (NVLS then uses POSIX handles per host: nvls.cc, cudawrap.cc)
+    (GB200_NO_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0"}, [],
+     {MNNVL: "fabric-without-imex", NVLS: LEAVE, CUMEM: LEAVE}, False),
+    (GB200_LOCKED_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0"}, [],
+     {MNNVL: "fabric-without-imex", NVLS: LEAVE}, False),
+    # COMPLETED with another status and no channel: NCCL still takes MNNVL
+    (GB200_FAILED_NO_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0", NVLS: "0"}, [],
+     {MNNVL: "fabric-without-imex", NVLS: "nvswitch-fabric-not-ready"}, False),
+    # ... and with a channel: the registration failed
+    (GB200_FAILED_IMEX, {}, MEGATRON_TP2, (), {MNNVL: "0", NVLS: "0"}, [],
+     {MNNVL: "fabric-registration-failed", NVLS: "nvswitch-fabric-not-ready"}, False),
+    # a channel, but the IMEX domain is down: the export/import check fails
+    (GB200_IMEX_DOWN, {}, MEGATRON_TP2, (), {MNNVL: "0"}, [],
+     {MNNVL: "fabric-imex-not-ready", NVLS: LEAVE}, False),
+    # the same tray with its channel, IMEX ready or unknown: NCCL's default is right
+    (GB200_IMEX_READY, {}, MEGATRON_TP2, (), {}, [],
+     {MNNVL: LEAVE, NVLS: LEAVE, CUMEM: LEAVE}, False),
     (GB200_IMEX, {}, MEGATRON_TP2, (), {}, [],
-     {MNNVL: "leave-to-nccl", NVLS: "leave-to-nccl", CUMEM: "leave-to-nccl"}, False),
+     {MNNVL: LEAVE, NVLS: LEAVE, CUMEM: LEAVE}, False),
     # NVSwitch fabric not registered, Hopper and later: NVLS off only
     (HGX_NOT_READY, {}, MEGATRON_TP2, (), {NVLS: "0"}, [],
-     {MNNVL: "leave-to-nccl", NVLS: "nvswitch-fabric-not-ready"}, False),
+     {MNNVL: LEAVE, NVLS: "nvswitch-fabric-not-ready"}, False),
     (GB200_FABRIC_STARTING, {}, MEGATRON_TP2, (), {NVLS: "0"}, [],
      {NVLS: "nvswitch-fabric-not-ready"}, False),
     # A100 has no NVLS multicast: nothing
-    (HGX_A100_NOT_READY, {}, MEGATRON_TP2, (), {}, [], {NVLS: "leave-to-nccl"}, False),
-    (HGX_READY, {}, MEGATRON_TP2, (), {}, [], {NVLS: "leave-to-nccl"}, False),
+    (HGX_A100_NOT_READY, {}, MEGATRON_TP2, (), {}, [], {NVLS: LEAVE}, False),
+    (HGX_READY, {}, MEGATRON_TP2, (), {}, [], {NVLS: LEAVE}, False),
     # PCIe: the job's own NVLS=1 stays, nothing written
-    (L40S, {NVLS: "1"}, MEGATRON_TP2, (), {}, [], {NVLS: "leave-to-nccl"}, False),
-    (CPU, {}, MEGATRON_TP2, (), {}, [], {MNNVL: "leave-to-nccl"}, False),
-    # cuMem off under a TRT-LLM rollout with TP across nodes: removed
-    (GB200_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, ("rollout",), {}, [CUMEM],
-     {CUMEM: "cumem-off-under-trtllm-multinode-tp"}, False),
-    # ... TRT-LLM within a node, or another engine: kept, with a warning
+    (L40S, {NVLS: "1"}, MEGATRON_TP2, (), {}, [], {NVLS: LEAVE}, False),
+    (CPU, {}, MEGATRON_TP2, (), {}, [], {MNNVL: LEAVE}, False),
+    # cuMem off under a TRT-LLM rollout with TP across nodes: kept, with a warning
+    (GB200_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, ("rollout",), {}, [],
+     {CUMEM: "cumem-off-under-trtllm-multinode-tp"}, True),
+    # ... derived from TP=8 on a 4-GPU tray; -1 is off as 0 is (cudawrap.cc)
+    (GB200_IMEX, {CUMEM: "-1"}, TRTLLM_TP8, (), {}, [],
+     {CUMEM: "cumem-off-under-trtllm-multinode-tp"}, True),
+    # ... TRT-LLM within a node, or another engine: kept, with the other warning
+    (GB200_IMEX, {CUMEM: "-1"}, TRTLLM_TP4, (), {}, [],
+     {CUMEM: "cumem-off-disables-mnnvl"}, True),
     (GB200_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, (), {}, [],
      {CUMEM: "cumem-off-disables-mnnvl"}, True),
     (GB200_IMEX, {CUMEM: "0"}, VLLM_ROLLOUT, ("rollout",), {}, [],
      {CUMEM: "cumem-off-disables-mnnvl"}, True),
+    # -2 is auto and 1 is on: nothing to say
+    (GB200_IMEX, {CUMEM: "-2"}, TRTLLM_TP8, (), {}, [], {CUMEM: LEAVE}, False),
+    (GB200_IMEX, {CUMEM: "1"}, TRTLLM_TP8, (), {}, [], {CUMEM: LEAVE}, False),
     # cuMem off without IMEX: MNNVL is off anyway, the 0 is the job's
-    (GB200_NO_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, ("rollout",), {MNNVL: "0", NVLS: "0"}, [],
-     {CUMEM: "leave-to-nccl"}, False),
-    # degraded bandwidth: a warning, nothing set
-    (GB200_DEGRADED, {}, MEGATRON_TP2, (), {}, [], {MNNVL: "leave-to-nccl"}, True),
+    (GB200_NO_IMEX, {CUMEM: "0"}, TRTLLM_ROLLOUT, ("rollout",), {MNNVL: "0"}, [],
+     {CUMEM: LEAVE}, False),
+    # fabric health: a warning, nothing set; #2186's 0xaa is healthy
+    (GB200_DEGRADED, {}, MEGATRON_TP2, (), {}, [], {MNNVL: LEAVE}, True),
+    (GB200_NO_PARTITION, {}, MEGATRON_TP2, (), {}, [], {MNNVL: LEAVE}, True),
+    (GB200_MASK_2186, {}, MEGATRON_TP2, (), {}, [], {MNNVL: LEAVE}, False),
 ])
 def test_nccl_fabric_rows(node, job_env, config, spans, written, removed, rules, warns):
     result = explain_node(config, node=node, packs=["nccl-fabric"], job_env=job_env,
@@ -104,6 +147,26 @@ def test_nccl_fabric_rows(node, job_env, config, spans, written, removed, rules,
     assert result.decision.satisfied
 
 
+def test_a_trtllm_cumem_0_is_kept_and_the_warning_names_it_and_both_sources():
+    result = explain_node(TRTLLM_TP8, node=GB200_IMEX, packs=["nccl-fabric"],
+                          job_env={CUMEM: "0"})
+    assert CUMEM not in result.remove and CUMEM not in result.write
+    assert result.decision.packs[CUMEM]["value"] == "0"
+    assert result.decision.packs[CUMEM]["source"] == "explicit"
+    warning, = [w for w in result.decision.warnings
+                if "cumem-off-under-trtllm-multinode-tp" in w]
+    for words in ("NCCL_CUMEM_ENABLE=0", "rollout (TP=8 on a 4-GPU node)", "#5693",
+                  "#6086", "#7564", "platform_cuda.py"):
+        assert words in warning, words
+
+
+def test_the_health_warning_names_each_problem_nvml_reports():
+    result = explain_node(MEGATRON_TP2, node=GB200_NO_PARTITION, packs=["nccl-fabric"])
+    warning, = [w for w in result.decision.warnings if "fabric-health" in w]
+    assert "incorrect_configuration=no_partition" in warning
+    assert "degraded_bw" not in warning  # 2: false
+
+
 def test_the_megatron_value_and_the_nccl_values_come_together():
     result = explain_node(MEGATRON_TP2, node=HGX_NOT_READY, packs=["nccl-fabric"])
     assert result.env() == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", NVLS: "0"}
@@ -112,7 +175,7 @@ def test_the_megatron_value_and_the_nccl_values_come_together():
 def test_an_explicit_value_a_required_row_disagrees_with_is_kept_with_a_warning():
     result = explain_node(MEGATRON_TP2, node=GB200_NO_IMEX, packs=["nccl-fabric"],
                           job_env={MNNVL: "1"})
-    assert nccl(result.env()) == {NVLS: "0"}
+    assert nccl(result.env()) == {}
     entry = result.decision.packs[MNNVL]
     assert (entry["value"], entry["source"], entry["strength"]) == ("1", "explicit", "required")
     assert any(f"explicit {MNNVL}=1 breaks a required rule of the nccl-fabric pack (asks 0) "
@@ -129,13 +192,13 @@ def test_an_inherited_value_a_row_disagrees_with_is_replaced():
     assert result.decision.packs[NVLS]["source"] == "policy"
 
 
-def test_an_inherited_cumem_0_cannot_be_removed_and_says_so():
-    spec = parse_field({**TRTLLM_ROLLOUT, "packs": ["nccl-fabric"],
-                        "tp_spans_nodes": ["rollout"]})
-    facts = NodeFacts(NodeGpus.known([(10, 0)], "fake"), parse_fake_node(GB200_IMEX)[1])
-    result = decide_node(spec, facts, {}, {CUMEM: "0"})
+def test_an_inherited_cumem_off_is_kept_and_warned_about():
+    spec = parse_field({**TRTLLM_TP8, "packs": ["nccl-fabric"]})
+    facts = NodeFacts(NodeGpus.known([(10, 0)] * 4, "fake"), parse_fake_node(GB200_IMEX)[1])
+    result = decide_node(spec, facts, {}, {CUMEM: "-1"})
     assert CUMEM not in result.remove and CUMEM not in result.write
-    assert any("cannot unset" in w for w in result.decision.warnings)
+    assert result.decision.packs[CUMEM]["source"] == "node"
+    assert any("NCCL_CUMEM_ENABLE=-1" in w and "#5693" in w for w in result.decision.warnings)
 
 
 def test_without_packs_the_decision_and_its_record_are_what_they_were():
@@ -195,7 +258,7 @@ def test_the_agent_probes_the_fabric_only_for_jobs_that_ask():
     env_vars = {}
     agent.apply({"megatron_env": {**MEGATRON_TP2, "packs": ["nccl-fabric"]}}, env_vars, {},
                 logging.getLogger("t"))
-    assert fabric.runs == 1 and nccl(env_vars) == {MNNVL: "0", NVLS: "0"}
+    assert fabric.runs == 1 and nccl(env_vars) == {MNNVL: "0"}
 
 
 def test_explain_json_has_env_and_removed(capsys):
@@ -203,9 +266,10 @@ def test_explain_json_has_env_and_removed(capsys):
                  "nccl-fabric", "--job-env", "NCCL_DEBUG=INFO", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == OK
-    assert out["env"] == {MNNVL: "0", NVLS: "0"}
+    assert out["env"] == {MNNVL: "0"}
     assert out["removed"] == []
-    assert out["packs"][NVLS]["rule"] == "fabric-without-imex"
+    assert out["packs"][MNNVL]["rule"] == "fabric-without-imex"
+    assert out["packs"][NVLS]["rule"] == "leave-to-nccl"
 
 
 def test_explain_text_lists_each_pack_variable_and_fails_on_a_broken_required_row(capsys):
@@ -254,3 +318,29 @@ def test_runtime_env_verb_ships_the_packs_and_refuses_an_unknown_one(capsys):
     assert json.loads(capsys.readouterr().out)["megatron_env"]["packs"] == ["nccl-fabric"]
     assert main(["runtime-env", str(MEGATRON_YAML), "--packs", "fabric", "--json"]) == 2
     assert "known packs: cuda-connections, nccl-fabric" in capsys.readouterr().err
+
+
+def test_every_row_of_every_pack_cites_a_source_and_says_why():
+    from ray_megatron_env.packs import get_pack
+    from ray_megatron_env.packs.connections import RULES
+
+    for name in PACK_NAMES:
+        for row in get_pack(name).rows:
+            assert row.source.strip() and row.why.strip(), (name, row.id)
+    for rule in RULES:
+        assert rule.source.strip(), rule.id
+        assert rule.why.strip(), rule.id
+
+
+def test_no_row_claims_what_its_source_was_found_to_contradict():
+    """Claims an independent reading of the sources refuted (issue 22)."""
+    from ray_megatron_env.packs import get_pack
+    from ray_megatron_env.packs.connections import RULES
+
+    texts = [f"{r.why} {r.source}" for r in get_pack("nccl-fabric").rows]
+    texts += [f"{r.why} {r.source}" for r in RULES]
+    for text in texts:
+        assert "NCCL still works" not in text  # nccl#2186 is a SIGSEGV
+        assert "run scripts export 1" not in text  # slime: docker/npu_patch/slime.patch
+        assert "token_dispatcher.py (overlap only" not in text  # no such line
+        assert "Ascend e2e CI with the MindSpeed-LLM engine failed" not in text  # verl #7040

@@ -325,12 +325,13 @@ def test_the_fallback_decides_the_packs_too():
 
     decision = decide_in_worker(environ, node_env, field, cache, LOG)
     assert kinds == ["gpus", "fabric"]  # the fabric is read because the pack needs it
-    assert (environ["NCCL_MNNVL_ENABLE"], environ["NCCL_NVLS_ENABLE"]) == ("0", "0")
+    # Without an IMEX channel only MNNVL goes off (NCCL src/mnnvl.cc); NVLS
+    # then uses POSIX handles per host (src/transport/nvls.cc) and is left alone.
+    assert environ["NCCL_MNNVL_ENABLE"] == "0" and "NCCL_NVLS_ENABLE" not in environ
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in environ  # Blackwell
     assert decision.via == "setup-hook"
     assert {v: (e["value"], e["strength"]) for v, e in decision.packs.items()
-            if e["value"] is not None} == {"NCCL_MNNVL_ENABLE": ("0", "required"),
-                                           "NCCL_NVLS_ENABLE": ("0", "required")}
+            if e["value"] is not None} == {"NCCL_MNNVL_ENABLE": ("0", "required")}
 
 
 def test_without_packs_the_fallback_reads_no_fabric():

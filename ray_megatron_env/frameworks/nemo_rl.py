@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
 from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
-from ..spec import Engine, ProcessRule, Spec, read_dispatcher
+from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, read_flag, read_name, read_size, show
 from . import Reader
 
@@ -44,10 +44,6 @@ ROLES = ("policy", GENERATION, "teacher", "value", "reward_model", "teachers.<i>
 
 MEGATRON_CFG = "megatron_cfg"
 DTENSOR_CFG = "dtensor_cfg"
-# Megatron-Core's MoE A2A overlap flag has no first-class NeMo-RL key; NeMo-RL
-# passes ``megatron_cfg.model_overrides`` onto the Megatron-Bridge model
-# provider (``nemo_rl/models/megatron/setup.py``, ``_merge_model_overrides``).
-MOE_OVERLAP = "model_overrides.overlap_moe_expert_parallel_comm"
 _SIZES = (
     ("tensor_parallel", "tensor_model_parallel_size"),
     ("context_parallel", "context_parallel_size"),
@@ -58,7 +54,22 @@ _SIZES = (
 # "allgather", moe_flex_dispatcher_backend is optional).
 _DISPATCHER_KEYS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
                     "moe_enable_deepep")
-_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), MOE_OVERLAP, *_DISPATCHER_KEYS)
+# ``megatron_cfg.model_overrides`` can set any field of the Megatron-Bridge
+# model provider: setup_model_config merges it into the provider
+# (_merge_model_overrides) before NeMo-RL's first-class settings, and Bridge
+# hands the provider's fields to Megatron-Core (training/initialize.py passes
+# pipeline_model_parallel_comm_backend to initialize_model_parallel). Two
+# rule inputs have no first-class key and are read from it:
+MODEL_OVERRIDES = "model_overrides"
+_OVERRIDE_FLAGS = ("overlap_moe_expert_parallel_comm",)
+_OVERRIDE_BACKEND = "pipeline_model_parallel_comm_backend"
+# The rest have first-class keys, and NeMo-RL refuses them in model_overrides
+# (_validate_model_override_conflicts: any MegatronConfig field, or any key
+# megatron_cfg holds, raises ValueError naming both paths). The ones a row
+# reads are refused here the same way.
+FIRST_CLASS = (*(key for _, key in _SIZES), *_DISPATCHER_KEYS)
+MOE_OVERLAP = f"{MODEL_OVERRIDES}.overlap_moe_expert_parallel_comm"
+_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), *_DISPATCHER_KEYS, MODEL_OVERRIDES)
 _DTENSOR_KEYS = ("enabled", "_v2")
 
 # policy.generation.backend -> the engine name this package knows it by.
@@ -66,6 +77,8 @@ _DTENSOR_KEYS = ("enabled", "_v2")
 BACKENDS: Dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm",
                             "dynamo": "dynamo"}
 MEGATRON_BACKEND = "megatron"
+# nemo_rl/models/generation/trtllm/config.py: the TRT-LLM engine's TP size.
+TRTLLM_TP = "policy.generation.trtllm_cfg.tensor_parallel_size"
 # A non-colocated Megatron generation policy runs policy.megatron_cfg with
 # this shallow-merged on top (``nemo_rl/models/generation/megatron/config.py``).
 MCORE_GENERATION = "mcore_generation_config"
@@ -106,10 +119,9 @@ PATHS: Tuple[str, ...] = (
     TEACHERS,
     "policy.generation.backend",
     "policy.generation.colocated.enabled",
-    *(f"policy.generation.{MCORE_GENERATION}.{key}" for key in _MEGATRON_KEYS[1:]),
+    TRTLLM_TP,
     # Shallow-merged: a model_overrides here replaces the policy's whole.
-    f"policy.generation.{MCORE_GENERATION}.model_overrides",
-    f"policy.{MEGATRON_CFG}.model_overrides",
+    *(f"policy.generation.{MCORE_GENERATION}.{key}" for key in _MEGATRON_KEYS[1:]),
     OPD,
 )
 
@@ -227,21 +239,39 @@ def _megatron_engine(cfg: Mapping[str, Any], path: str,
             raise FieldValueError(f"{FIELD}: {path}.{key} is missing; a Megatron engine "
                                   "needs its parallel sizes")
         sizes[name] = read_size(source[key], f"{where}.{key}")
-    overrides, where = ((over["model_overrides"], f"{over_path}.model_overrides")
-                        if "model_overrides" in over
-                        else (cfg.get("model_overrides"), f"{path}.model_overrides"))
-    moe_overlap = False
-    if overrides is not None:
-        if not isinstance(overrides, Mapping):
-            raise fail_type(where, "a mapping", overrides)
-        flag = overrides.get("overlap_moe_expert_parallel_comm")
-        if flag is not None:
-            moe_overlap = read_flag(flag, f"{where}.overlap_moe_expert_parallel_comm")
+    overrides, where = ((over[MODEL_OVERRIDES], f"{over_path}.{MODEL_OVERRIDES}")
+                        if MODEL_OVERRIDES in over
+                        else (cfg.get(MODEL_OVERRIDES), f"{path}.{MODEL_OVERRIDES}"))
+    settings = _read_overrides(overrides, where, over_path if MODEL_OVERRIDES in over else path)
     # NeMo-RL validates Megatron-Bridge's ConfigContainer in every Megatron
     # worker (megatron_policy_worker.py), never Megatron-LM's validate_args.
-    return Engine(MEGATRON, MEGATRON, moe_overlap=moe_overlap,
-                  checks=(MEGATRON_BRIDGE_CHECK,),
-                  dispatcher=_dispatcher(cfg, over, path, over_path), **sizes)
+    return Engine(MEGATRON, MEGATRON, checks=(MEGATRON_BRIDGE_CHECK,),
+                  dispatcher=_dispatcher(cfg, over, path, over_path), **settings, **sizes)
+
+
+def _read_overrides(overrides: Any, where: str, cfg_path: str) -> Dict[str, Any]:
+    """The rule inputs a ``model_overrides`` mapping carries, with NeMo-RL's
+    refusal of a key that has a first-class setting."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise fail_type(where, "a mapping", overrides)
+    conflicts = sorted(key for key in overrides if key in FIRST_CLASS)
+    if conflicts:
+        named = ", ".join(f"{where}.{key} conflicts with {cfg_path}.{key}" for key in conflicts)
+        raise FieldValueError(f"{FIELD}: {named}; NeMo-RL refuses model_overrides for a field "
+                              "with a first-class setting (nemo_rl/models/megatron/setup.py, "
+                              "_validate_model_override_conflicts): set the first-class field "
+                              "instead")
+    settings: Dict[str, Any] = {}
+    flag = overrides.get("overlap_moe_expert_parallel_comm")
+    if flag is not None:
+        settings["moe_overlap"] = read_flag(flag, f"{where}.overlap_moe_expert_parallel_comm")
+    backend = overrides.get(_OVERRIDE_BACKEND)
+    if backend is not None:
+        settings["pipeline_backend"] = read_pipeline_backend(backend,
+                                                             f"{where}.{_OVERRIDE_BACKEND}")
+    return settings
 
 
 def _dispatcher(cfg: Mapping[str, Any], over: Mapping[str, Any], path: str,
@@ -267,6 +297,12 @@ def _read_generation(config: Mapping[str, Any], policy: Engine,
     backend = read_name(generation.get("backend"), key)
     if backend in BACKENDS:
         name = BACKENDS[backend]
+        if backend == "trtllm":
+            # TRTLLMGeneration indexes trtllm_cfg.tensor_parallel_size; the
+            # nccl-fabric pack compares it with each node's GPU count.
+            size = _lookup(config, TRTLLM_TP)
+            return Engine(name, INFERENCE, tensor_parallel=1 if size is None
+                          else read_size(size, TRTLLM_TP)), backend
         return Engine(name, INFERENCE), backend
     if backend != MEGATRON_BACKEND:
         raise FieldValueError(f"{FIELD}: {key} is {backend!r}; NeMo-RL's backends are "
@@ -344,10 +380,10 @@ def _read_opd_teachers(config: Mapping[str, Any], policy: Engine) -> Dict[str, E
                             else (default, f"{where}.default_teacher_cfg"))
             value = source.get(key)
             sizes[name] = 1 if value is None else read_size(value, f"{path}.{key}")
-        # The teacher's megatron_cfg is the policy's with these sizes set
-        # (TeacherWorkerGroup), so the policy's MoE overlap flag carries over.
-        engines[role] = Engine(MEGATRON, MEGATRON, moe_overlap=policy.moe_overlap,
-                               checks=(MEGATRON_BRIDGE_CHECK,), **sizes)
+        # The teacher's config is a deep copy of the policy's with these sizes
+        # set (TeacherWorkerGroup), so the policy's MoE overlap flag, its
+        # dispatcher and its pipeline backend (model_overrides) carry over.
+        engines[role] = replace(policy, **sizes)
     return engines
 
 

@@ -178,12 +178,14 @@ _VALIDATE_ARGS = "Megatron-LM megatron/training/arguments.py, validate_args"
 _CORE = "(Megatron-Core 0.13 and later; see docs/rules.md for older releases)"
 
 _BRIDGE_LAUNCHER = ("Megatron-Bridge scripts/performance/utils/overrides.py, "
-                    "_apply_flat_cli_environment_compatibility")
+                    "_apply_flat_cli_environment_compatibility (run only when a legacy "
+                    "argparse TP, CP or A2A-overlap override is given)")
 _NON_CUDA_SOURCES = (
     "MindSpeed-MM tests/st shell scripts export 1 with the note that it only gets past "
-    "Megatron's check and has no effect on the NPU; verl PR #7040 (its Ascend e2e CI with the "
-    "MindSpeed-LLM engine failed on this assert without it); slime docker/npu_patch run "
-    "scripts export 1; FlagScale issue #1289 / PR #1288 (the same assert on MUSA; MUSA and "
+    "Megatron's check and has no effect on the NPU; verl PR #7040 set 1 only for its "
+    "mindspeed strategy on Ascend (and PR #7374 removed it again, 2026-08-14); slime "
+    "docker/npu_patch/slime.patch exports 1; FlagScale issue #1289 / PR #1288 (the same "
+    "assert on MUSA; MUSA and "
     "CANN do not read the variable); MUSA launch scripts of Megatron training export 1 for "
     "it; ROCm clr rocclr/utils/flags.hpp: HIP's own queue setting is GPU_MAX_HW_QUEUES "
     "(default 4) and no CUDA_DEVICE_MAX_CONNECTIONS is read")
@@ -257,11 +259,14 @@ RULES = (
              "streams of their own, which 1 serialises behind compute",
          preferred_because="lets the DeepEP/HybridEP dispatch and combine overlap compute (32, as "
              "Megatron-Bridge sets)",
-         source=f"{_BRIDGE_LAUNCHER}: 32 when the dispatcher backend is deepep or hybridep, except "
-             "TP or CP > 1 without A2A overlap before Blackwell (the row above); its H100 recipes "
-             "with DeepEP/HybridEP at TP=1 set 32 (perf_recipes/qwen/h100/qwen3_moe.py, "
-             "recipes/moonlight/h100/moonlight_16b.py); Megatron-Core "
-             "transformer/moe/token_dispatcher.py (overlap only with the value above 1)",),
+         source="Megatron-Bridge's recipes with the flex dispatcher on DeepEP or HybridEP set "
+             "32 in cfg.env_vars on H100 at TP=1 (perf_recipes/qwen/h100/qwen3_moe.py "
+             "qwen3_30b_a3b_pretrain_16gpu_h100_*, recipes/moonlight/h100/moonlight_16b.py) "
+             "and on B200/GB200 (tests/golden/bridge_recipes.yaml); "
+             f"{_BRIDGE_LAUNCHER} keys on moe_flex_dispatcher_backend alone (32 for deepep or "
+             "hybridep, Megatron-Core's TransformerConfig default being deepep, else 8), then "
+             "32 on Blackwell and 1 for TP or CP > 1 without A2A overlap on other GPUs (the "
+             "row above)",),
     Rule("megatron-no-model-parallel", NOTHING,
          engine=MEGATRON, model_parallel=False, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False, dispatcher=False,
          why="Megatron without tensor or context parallelism has no collective to order",
@@ -285,9 +290,12 @@ RULES = (
          why="pipeline communication on the UCC backend overlaps only with more than one "
              "hardware queue, and Megatron-Core refuses 1 when it builds the pipeline groups",
          preferred_because="keeps UCC pipeline transfers overlapping compute",
-         source="Megatron-Core megatron/core/parallel_state.py, initialize_model_parallel: with "
-             "pipeline_model_parallel_comm_backend='ucc', asserts the value is not '1' when it "
-             "is set (unset passes); every framework that builds Megatron-Core groups runs it",
+         source="Megatron-Core megatron/core/parallel_state.py, initialize_model_parallel: under "
+             "`if pipeline_model_parallel_comm_backend == 'ucc'` and `if "
+             "'CUDA_DEVICE_MAX_CONNECTIONS' in os.environ`, asserts the value != '1' "
+             "('UCC-backend requires CUDA_DEVICE_MAX_CONNECTIONS > 1'; newer releases raise "
+             "RuntimeError), so unset passes; Megatron-Bridge training/initialize.py passes the "
+             "model config's pipeline_model_parallel_comm_backend to it",
          required_by=(MEGATRON_CORE_CHECK,),),
 )
 FIRST_MATCH_RULES = tuple(rule for rule in RULES if not rule.beside)

@@ -3,25 +3,28 @@ SHARP (NVLS) and cuMem switches, decided from each node's own fabric.
 
 NCCL's defaults detect all three at communicator init (MNNVL_ENABLE=2 and
 NVLS_ENABLE=2: auto; CUMEM_ENABLE=-2: auto). Where the node is healthy
-that is the right answer, so the pack leaves them alone. It acts only where
-NCCL's detection sees a capability the node cannot deliver, and then fails
-init instead of falling back: a fabric-attached GPU whose container has no
-IMEX channel, an NVSwitch GPU whose fabric never finished registering, and a
-job that switched cuMem off under a TRT-LLM rollout that needs MNNVL.
+that is the right answer, so the pack leaves them alone. It sets a value
+only where NCCL's detection sees a capability the node cannot deliver, and
+then fails init instead of falling back: a fabric-attached GPU whose
+container has no IMEX channel, whose fabric registration failed, or whose
+IMEX domain is down (MNNVL off), and an NVSwitch GPU whose fabric never
+finished registering (NVLS off). A job that switched cuMem off where MNNVL
+would run keeps its value, with a warning.
 
 Every fact read here comes from the node (``node.NodeFabric``) except the
-config facts: the job's own NCCL_CUMEM_ENABLE and which roles' tensor
-parallel groups span nodes (``Spec.tp_spans_nodes``).
+config facts: the job's own NCCL_CUMEM_ENABLE, each TRT-LLM role's tensor
+parallel size, and ``Spec.tp_spans_nodes`` (an override).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional, Tuple
 
-from ..node import NodeFacts, NodeFabric
+from ..node import IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from ..spec import Spec
 from . import (
-    KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REMOVE, REQUIRED, SET, Outcome, Pack,
+    KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack,
     PackRow, PackVerdict,
 )
 
@@ -31,88 +34,174 @@ CUMEM = "NCCL_CUMEM_ENABLE"
 VARIABLES = (MNNVL, NVLS, CUMEM)
 TRTLLM = "trtllm"
 NVLS_MIN_MAJOR = 9  # NVLS multicast exists from Hopper (NCCL nvls.cc: SM90 channel counts)
+CUMEM_AUTO = -2  # NCCL src/misc/cudawrap.cc: NCCL_PARAM(CuMemEnable, "CUMEM_ENABLE", -2)
 
-_MNNVL_CHECK = ("NCCL src/mnnvl.cc ncclMnnvlCheck: with every rank's fabric state COMPLETED "
-                "and a non-zero cluster UUID it allocates and exports a FABRIC handle, and a "
-                "failure there returns ncclSystemError ('Check the IMEX channel configuration "
-                "(/dev/nvidia-caps-imex-channels). Set NCCL_MNNVL_ENABLE=0'); src/init.cc: "
-                "MNNVL_ENABLE defaults to 2 and the check runs on any multi-node communicator")
-_NVLS_HANDLES = ("src/transport/nvls.cc: multicast objects are created and exported with "
-                 "ncclCuMemHandleType, which ncclMnnvlCheck forces to FABRIC")
+_MNNVL_CHECK = ("NCCL src/mnnvl.cc ncclMnnvlCheck: it tests every rank's fabric state "
+                "(COMPLETED) and a non-zero cluster UUID, not the status, then allocates a "
+                "FABRIC handle; from 2.27.3 a failed allocation returns ncclSystemError ('Check "
+                "the IMEX channel configuration (/dev/nvidia-caps-imex-channels). Set "
+                "NCCL_MNNVL_ENABLE=0'; 2.25 and 2.26 turned MNNVL off there instead); "
+                "src/init.cc: MNNVL_ENABLE defaults to 2 and the check runs on any multi-node "
+                "communicator")
+_IMEX_CHECK = ("NCCL src/mnnvl.cc ncclMnnvlCheck (from 2.25.1): a FABRIC handle that cannot "
+               "be exported and imported returns ncclSystemError ('Check the IMEX "
+               "configuration (nvidia-imex-ctl -N). Set NCCL_MNNVL_ENABLE=0'); the node's "
+               "IMEX state is read from nvidia-imex-ctl -N -j (domain status DOWN)")
+_NVML_STATUS = ("NVML nvml.h nvmlGpuFabricInfo_v2_t: status is the registration's error "
+                "status, to be checked once the state is COMPLETED")
 _NVLS_BIND = ("NCCL src/transport/nvls.cc: NVLS_ENABLE defaults to 2 (use NVLS where CUDA "
-              "reports multicast support, ncclNvlsInit); a failed cuMulticastBindMem fails the "
-              "communicator ('Failed to bind NVLink SHARP (NVLS) Multicast memory ... Fabric "
-              "Manager or NVSwitches ... Disable NVLS (NCCL_NVLS_ENABLE=0)'); pytorch/ci-infra "
-              "PR #541")
+              "reports multicast support, ncclNvlsInit); a failed cuMulticastBindMem fails "
+              "the communicator before 2.27 (CUCHECKGOTO) and again from 2.29 ('Failed to "
+              "bind NVLink SHARP (NVLS) Multicast memory ... Fabric Manager or NVSwitches ... "
+              "Disable NVLS (NCCL_NVLS_ENABLE=0)'); only 2.27 and 2.28 fell back without NVLS "
+              "unless NVLS_ENABLE=1; pytorch/ci-infra PR #541")
 _CUMEM = ("NCCL src/mnnvl.cc: ncclMnnvlCheck returns at once, MNNVL off, unless "
-          "ncclCuMemEnable(); src/misc/cudawrap.cc: CUMEM_ENABLE defaults to -2 (auto-detect)")
+          "ncclCuMemEnable(); src/misc/cudawrap.cc: ncclCuMemEnable() is param >= 0 ? param "
+          ": (param == -2 && supported), CUMEM_ENABLE defaults to -2, so 0 and every other "
+          "negative value (-1) turn cuMem off; src/misc/param.cc reads it with strtoll")
+_TRTLLM_SOURCES = ("verl PR #5693 (its description: NCCL_CUMEM_ENABLE=0 on GB200 with MNNVL "
+                   "makes TRT-LLM multi-node TP hang in the sampler's all-gather/all-reduce); "
+                   "against it, verl verl/plugin/platform/platform_cuda.py rollout_env_vars "
+                   "sets NCCL_CUMEM_ENABLE=0 for rollout servers (PR #6086, a weight-sync "
+                   "hang) and PR #7564 keeps 0 as the default while respecting an external "
+                   "value")
+_HEALTH = ("NVML nvml.h (and nvidia-ml-py's pynvml) NVML_GPU_FABRIC_HEALTH_MASK_*: "
+           "DEGRADED_BW bits 0-1, ROUTE_RECOVERY 2-3, ROUTE_UNHEALTHY 4-5, "
+           "ACCESS_TIMEOUT_RECOVERY 6-7 (1 true, 2 false), INCORRECT_CONFIGURATION 8-11 (1 "
+           "none, 2-8 a fault), PARTITION_ASSIGNED 12-13 (2 false), GFM_STATE 14-15 (2 "
+           "disconnected), 0 not reported; NCCL src/init.cc only logs the mask")
 
 ROWS = (
     PackRow("fabric-without-imex",
-            "every GPU's fabric is COMPLETED with status SUCCESS and a non-zero cluster UUID "
-            "(a multi-node NVLink tray, GB200/GB300), and no IMEX channel is writable",
-            SET, ((MNNVL, "0"), (NVLS, "0")), REQUIRED,
-            "NCCL's default turns MNNVL on for such GPUs and needs an IMEX channel to share "
-            "FABRIC memory handles; without one, NCCL 2.27.3 and later fail "
-            "ncclCommInitRank with ncclSystemError (2.26 turned MNNVL off silently), and "
-            "NVLS multicast uses the same FABRIC handles",
-            f"{_MNNVL_CHECK}; {_NVLS_HANDLES}; nebius-solutions-library PR #1137 (GB300 "
-            "without an IMEX ComputeDomain)"),
+            "every GPU's fabric state is COMPLETED with a non-zero cluster UUID (a "
+            "multi-node NVLink tray, GB200/GB300; the status is not tested, as NCCL does not "
+            "test it), and no IMEX channel is writable",
+            SET, ((MNNVL, "0"),), REQUIRED,
+            "NCCL's default takes the MNNVL path on such GPUs and needs an IMEX channel to "
+            "allocate FABRIC memory; without one, NCCL 2.27.3 and later fail "
+            "ncclCommInitRank with ncclSystemError. NVLS is not touched: with MNNVL off, "
+            "NVLS groups are per host and share POSIX file-descriptor handles, which need no "
+            "IMEX",
+            f"{_MNNVL_CHECK}; src/misc/cudawrap.cc (ncclCuMemHandleType starts as "
+            "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; only ncclMnnvlCheck switches it to "
+            "FABRIC) and src/transport/nvls.cc (ncclNvlsGroupCreate/Connect export FABRIC "
+            "handles only when that type is FABRIC, else pass a file descriptor through the "
+            "proxy); nebius-solutions-library PR #1137 (GB300 without an IMEX ComputeDomain)"),
+    PackRow("fabric-registration-failed",
+            "every GPU's fabric state is COMPLETED with a non-zero cluster UUID, and some "
+            "GPU's status is not SUCCESS",
+            SET, ((MNNVL, "0"),), REQUIRED,
+            "the GPU's registration with the NVLink fabric finished with an error; NCCL's "
+            "check reads only the state and UUID, so it takes the MNNVL path on a fabric "
+            "NVML reports as failed, where FABRIC memory cannot be shared",
+            f"{_NVML_STATUS}; {_MNNVL_CHECK}"),
+    PackRow("fabric-imex-not-ready",
+            "fabric-attached (as above), a writable IMEX channel, and the node reports the "
+            "IMEX domain not ready (imex_status not-ready: nvidia-imex-ctl -N -j says DOWN)",
+            SET, ((MNNVL, "0"),), REQUIRED,
+            "the channel lets CUDA allocate FABRIC memory, but exporting and importing it "
+            "needs the IMEX daemon; NCCL 2.25.1 and later fail ncclCommInitRank when that "
+            "fails",
+            _IMEX_CHECK),
     PackRow("nvswitch-fabric-not-ready",
             "the GPUs report a fabric state (NVSwitch, not NOT_SUPPORTED), compute capability "
             f"major >= {NVLS_MIN_MAJOR}, and some GPU's fabric is not COMPLETED with SUCCESS "
-            "(Fabric Manager not running or not done)",
+            "(Fabric Manager not running, not done, or failed)",
             SET, ((NVLS, "0"),), REQUIRED,
             "CUDA can still report multicast support, so NCCL's default tries NVLS, and "
-            "binding multicast memory fails without a registered fabric; since NCCL 2.29 "
-            "that fails init instead of falling back",
+            "binding multicast memory fails without a registered fabric; before NCCL 2.27 "
+            "and from 2.29 that fails init (2.27 and 2.28 fell back)",
             _NVLS_BIND),
     PackRow("cumem-off-under-trtllm-multinode-tp",
-            "fabric-attached node with a writable IMEX channel, the job sets "
-            "NCCL_CUMEM_ENABLE=0, and a TRT-LLM rollout role's tensor parallel group spans "
-            "nodes",
-            REMOVE, ((CUMEM, "0"),), REQUIRED,
-            "cuMem off silently turns MNNVL off, and TRT-LLM's multi-node tensor parallelism "
-            "over NVLink then hangs",
-            f"{_CUMEM}; verl PR #5693 (GB200 TRT-LLM multi-node TP hang); verl PR #7564 "
-            "(keeps a user's own value)"),
+            "NCCL would take the MNNVL path (fabric-attached, registered, a writable IMEX "
+            "channel, IMEX not reported down), the job turns cuMem off (NCCL_CUMEM_ENABLE "
+            "0, -1 or any value ncclCuMemEnable() reads as off), and a TRT-LLM rollout "
+            "role's tensor parallel group spans nodes (its TP size above the node's GPU "
+            "count, or named in tp_spans_nodes)",
+            KEEP, ((CUMEM, "0"),), PREFERRED,
+            "cuMem off turns MNNVL off (NCCL's source); whether TRT-LLM's cross-node TP then "
+            "hangs is contested: one verl PR reports the hang, while verl's own rollout "
+            "code sets 0 on purpose against another hang. The job's value is kept and a "
+            "warning names both",
+            f"{_CUMEM}; {_TRTLLM_SOURCES}"),
     PackRow("cumem-off-disables-mnnvl",
-            "fabric-attached node with a writable IMEX channel and the job sets "
-            "NCCL_CUMEM_ENABLE=0 (any other engine)",
+            "NCCL would take the MNNVL path (as above) and the job turns cuMem off (any "
+            "other engine, or TRT-LLM within a node)",
             KEEP, ((CUMEM, "0"),), PREFERRED,
             "MNNVL will be off on this node, so cross-tray traffic takes the network; the "
             "job's value is its own (ROLL, AReaL and slime set it) and is kept",
             _CUMEM),
-    PackRow("fabric-degraded",
-            "fabric-attached node whose fabric health reports degraded bandwidth",
+    PackRow("fabric-health",
+            "fabric-attached node whose NVML fabric health mask reports a problem (degraded "
+            "bandwidth, route recovery or unhealthy route, access-timeout recovery, an "
+            "incorrect configuration, no partition, Fabric Manager disconnected)",
             LEAVE, (), NONE,
-            "NCCL still works but NVLink bandwidth is reduced; an operator should look at "
-            "the fabric",
-            "NVML nvmlGpuFabricInfo_v2 healthMask (DEGRADED_BW); NVIDIA/nccl#2186"),
+            "a warning for the operator, nothing set: NCCL does not read the mask, and no "
+            "source ties a mask value to an NCCL failure (NVIDIA/nccl#2186, a SIGSEGV at "
+            "large clique sizes, reports mask 0xaa, which decodes as healthy)",
+            _HEALTH),
     PackRow("leave-to-nccl",
-            "anything else: healthy fabric with an IMEX channel, PCIe or NVLink-bridge GPUs "
-            "(fabric NOT_SUPPORTED), GPUs before Hopper, no GPU, fabric unreadable",
+            "anything else: a registered fabric with a writable IMEX channel and IMEX ready "
+            "or unknown, PCIe or NVLink-bridge GPUs (fabric NOT_SUPPORTED), GPUs before "
+            "Hopper, no GPU, fabric unreadable",
             LEAVE, ((MNNVL, ""), (NVLS, ""), (CUMEM, "")), NONE,
             "NCCL's own detection is right there; a forced NCCL_NVLS_ENABLE=1 would skip "
-            "NCCL's multicast check, so no value is the safer choice",
+            "NCCL's multicast check, so no value is the safer choice. Where IMEX's state is "
+            "unknown, NCCL's own export/import check decides",
             "NCCL src/init.cc (MNNVL_ENABLE=2), src/transport/nvls.cc ncclNvlsInit "
             "(NVLS_ENABLE=2 asks CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED; 1 skips it), "
             "src/misc/cudawrap.cc (CUMEM_ENABLE=-2)"),
 )
 _BY_ID = {row.id: row for row in ROWS}
 
-
-def _is_zero(value: Optional[str]) -> bool:
-    try:
-        return value is not None and int(str(value).strip()) == 0
-    except ValueError:
-        return False
+_STRTOLL = re.compile(r"^\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+_INT64 = 2 ** 63
 
 
-def _multinode_trtllm(spec: Spec) -> Tuple[str, ...]:
+def nccl_param(value: Optional[Any], default: int) -> int:
+    """An NCCL integer parameter as NCCL reads it (src/misc/param.cc,
+    ncclLoadParam): unset or empty is the default; otherwise ``strtoll(str,
+    NULL, 0)``: leading blanks, a sign, hex (0x), octal (0) or decimal, the
+    rest ignored; no digits at all reads as 0; out of range is the default."""
+    if value is None or str(value) == "":
+        return default
+    match = _STRTOLL.match(str(value))
+    if not match:
+        return 0
+    number = int(match.group(2), 0) if not match.group(2).startswith("0") or \
+        match.group(2)[:2].lower() == "0x" else int(match.group(2), 8)
+    number = -number if match.group(1) == "-" else number
+    return default if not -_INT64 <= number < _INT64 else number
+
+
+def cumem_off(value: Optional[Any]) -> bool:
+    """Whether NCCL_CUMEM_ENABLE=value makes ncclCuMemEnable() false whatever
+    the platform supports (src/misc/cudawrap.cc): 0, or a negative value
+    other than -2 (auto)."""
+    param = nccl_param(value, CUMEM_AUTO)
+    return param == 0 or (param < 0 and param != CUMEM_AUTO)
+
+
+def _gpu_count(facts: NodeFacts) -> Optional[int]:
+    caps = facts.gpus.capabilities
+    return None if caps is None else len(caps)
+
+
+def multinode_trtllm(spec: Spec, facts: NodeFacts) -> Tuple[Tuple[str, str], ...]:
+    """(role, why) for each TRT-LLM role whose tensor parallel group spans
+    nodes: its TP size is above this node's GPU count (TP=8 on a 4-GPU GB200
+    tray), or the job says so (tp_spans_nodes, an override)."""
+    count = _gpu_count(facts)
     spans = set(spec.tp_spans_nodes)
-    return tuple(role for role, engine in spec.engines
-                 if role in spans and engine.strategy == TRTLLM)
+    out = []
+    for role, engine in spec.engines:
+        if engine.strategy != TRTLLM:
+            continue
+        if role in spans:
+            out.append((role, "named in tp_spans_nodes"))
+        elif count and engine.tensor_parallel > count:
+            out.append((role, f"TP={engine.tensor_parallel} on a {count}-GPU node"))
+    return tuple(out)
 
 
 def _outcome(variable: str, rule_id: str, value: Optional[str], reason: str) -> Outcome:
@@ -134,46 +223,65 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     else:
         where = fabric.describe()
         decided.update(_fabric_rows(fabric, facts, where))
-        if fabric.attached and fabric.imex_channel == "writable":
+        if fabric.attached and MNNVL not in decided:
             cumem = env_vars.get(CUMEM, node_environ.get(CUMEM))
-            if _is_zero(cumem):
-                decided[CUMEM] = _cumem(spec, where, cumem)
-        if fabric.attached and fabric.degraded:
-            warnings.append(f"{NCCL_FABRIC} [fabric-degraded]: {where}: the fabric reports "
-                            "degraded NVLink bandwidth; NCCL runs, slower (NVIDIA/nccl#2186)")
+            if cumem_off(cumem):
+                outcome, warning = _cumem(spec, facts, where, str(cumem))
+                decided[CUMEM] = outcome
+                warnings.append(warning)
+        problems = fabric.health_problems
+        if fabric.attached and problems:
+            warnings.append(f"{NCCL_FABRIC} [fabric-health]: {where}: NVML's fabric health "
+                            f"mask reports {', '.join(problems)}; nothing is set (NCCL does "
+                            "not read the mask), an operator should look at the fabric")
     outcomes = tuple(decided.get(v) or _outcome(v, "leave-to-nccl", None,
                                                  f"{where}: left to NCCL's own detection")
                      for v in VARIABLES)
-    if decided.get(CUMEM) and decided[CUMEM].action == KEEP:
-        warnings.append(f"{NCCL_FABRIC} [cumem-off-disables-mnnvl]: {decided[CUMEM].reason}")
     return PackVerdict(outcomes, tuple(warnings))
 
 
 def _fabric_rows(fabric: NodeFabric, facts: NodeFacts, where: str) -> dict:
-    if fabric.attached and fabric.imex_channel != "writable":
-        reason = (f"{where}: NCCL would turn MNNVL on and fail init without an IMEX channel "
-                  "[fabric-without-imex]")
-        return {MNNVL: _outcome(MNNVL, "fabric-without-imex", "0", reason),
-                NVLS: _outcome(NVLS, "fabric-without-imex", "0", reason)}
+    out = {}
+    if fabric.attached:
+        if fabric.imex_channel != WRITABLE:
+            out[MNNVL] = _outcome(MNNVL, "fabric-without-imex", "0",
+                                  f"{where}: NCCL would take the MNNVL path and fail init "
+                                  "without a writable IMEX channel [fabric-without-imex]")
+        elif fabric.registration_failed:
+            out[MNNVL] = _outcome(MNNVL, "fabric-registration-failed", "0",
+                                  f"{where}: the fabric registration reports an error, and "
+                                  "NCCL's MNNVL check does not read it "
+                                  "[fabric-registration-failed]")
+        elif fabric.imex_status == IMEX_NOT_READY:
+            out[MNNVL] = _outcome(MNNVL, "fabric-imex-not-ready", "0",
+                                  f"{where} ({fabric.imex_detail or 'imex_status not-ready'}): "
+                                  "NCCL's FABRIC export/import check would fail init "
+                                  "[fabric-imex-not-ready]")
     oldest = facts.gpus.oldest
     if fabric.switched and not fabric.ready and oldest is not None \
             and oldest[0] >= NVLS_MIN_MAJOR:
-        reason = (f"{where}: NVLS multicast cannot bind before the fabric is registered "
-                  "[nvswitch-fabric-not-ready]")
-        return {NVLS: _outcome(NVLS, "nvswitch-fabric-not-ready", "0", reason)}
-    return {}
+        out[NVLS] = _outcome(NVLS, "nvswitch-fabric-not-ready", "0",
+                             f"{where}: NVLS multicast cannot bind before the fabric is "
+                             "registered [nvswitch-fabric-not-ready]")
+    return out
 
 
-def _cumem(spec: Spec, where: str, value: str) -> Outcome:
-    roles = _multinode_trtllm(spec)
+def _cumem(spec: Spec, facts: NodeFacts, where: str, value: str) -> Tuple[Outcome, str]:
+    roles = multinode_trtllm(spec, facts)
     if roles:
-        return _outcome(CUMEM, "cumem-off-under-trtllm-multinode-tp", value,
-                        f"{where}: NCCL_CUMEM_ENABLE={value} turns MNNVL off and "
-                        f"{', '.join(roles)} (TRT-LLM, tensor parallel across nodes) hangs "
-                        "without it; removed [cumem-off-under-trtllm-multinode-tp]")
-    return _outcome(CUMEM, "cumem-off-disables-mnnvl", value,
-                    f"{where}: NCCL_CUMEM_ENABLE={value} is kept, so MNNVL will be off on "
-                    "this node [cumem-off-disables-mnnvl]")
+        named = ", ".join(f"{role} ({why})" for role, why in roles)
+        reason = (f"{where}: the job's NCCL_CUMEM_ENABLE={value} turns cuMem, and so MNNVL, "
+                  f"off while TRT-LLM's tensor parallel group spans nodes: {named}; kept, "
+                  "because the evidence is contested: verl PR #5693 reports a multi-node TP "
+                  "hang with cuMem off, while verl's platform_cuda.py rollout_env_vars (PR "
+                  "#6086, #7564) sets 0 for rollouts against a weight-sync hang "
+                  "[cumem-off-under-trtllm-multinode-tp]")
+        return (_outcome(CUMEM, "cumem-off-under-trtllm-multinode-tp", value, reason),
+                f"{NCCL_FABRIC} [cumem-off-under-trtllm-multinode-tp]: {reason}")
+    reason = (f"{where}: NCCL_CUMEM_ENABLE={value} is kept, so MNNVL will be off on this "
+              "node [cumem-off-disables-mnnvl]")
+    return (_outcome(CUMEM, "cumem-off-disables-mnnvl", value, reason),
+            f"{NCCL_FABRIC} [cumem-off-disables-mnnvl]: {reason}")
 
 
 PACK = Pack(
@@ -185,10 +293,16 @@ PACK = Pack(
     node_facts=("per GPU, NVML's fabric record (nvmlDeviceGetGpuFabricInfoV, or the Fabric "
                 "block of nvidia-smi -q): state, status, cluster UUID, clique, health",
                 "whether /dev/nvidia-caps-imex-channels/channel<N> exists and is writable",
+                "on a fabric-attached node, the IMEX domain's status from nvidia-imex-ctl -N "
+                "-j (UP: ready, DOWN: not-ready, otherwise unknown)",
+                "the number of GPUs",
                 "the oldest GPU's compute capability"),
     config_facts=("the job's own NCCL_CUMEM_ENABLE (its env_vars, else the node's)",
-                  "roles whose tensor parallel group spans nodes (tp_spans_nodes in the "
-                  "compact form; build_runtime_env(tp_spans_nodes=...)) and their engine"),
+                  "each TRT-LLM role's tensor parallel size (spans nodes when above the "
+                  "node's GPU count)",
+                  "roles whose tensor parallel group spans nodes whatever their size "
+                  "(tp_spans_nodes in the compact form; build_runtime_env(tp_spans_nodes=...)"
+                  "), an override"),
     rows=ROWS,
     evaluate=evaluate,
     needs_fabric=True,
