@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Tuple
 from ..node import NodeFacts, NodeFabric
 from ..spec import Spec
 from . import (
-    KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REMOVE, REQUIRED, SET, Outcome, Pack,
+    FABRIC, KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REMOVE, REQUIRED, SET, Outcome, Pack,
     PackRow, PackVerdict,
 )
 
@@ -191,7 +191,7 @@ PACK = Pack(
                   "compact form; build_runtime_env(tp_spans_nodes=...)) and their engine"),
     rows=ROWS,
     evaluate=evaluate,
-    needs_fabric=True,
+    fact_kinds=(FABRIC,),
     defaults=((MNNVL, "2, auto (src/init.cc)"), (NVLS, "2, auto (src/transport/nvls.cc)"),
               (CUMEM, "-2, auto-detect (src/misc/cudawrap.cc)")),
 )
