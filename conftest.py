@@ -21,7 +21,8 @@ import pytest
 import ray_megatron_env
 from ray_megatron_env.node import FAKE_NODE_VARIABLE
 from ray_megatron_env.simulation import (
-    MIXED_NODES, SimulatedCluster, SimulatedNode, ray_processes,
+    MIXED_NODES, PCIE_NO_P2P_OLD_DRIVER, WRONG_ARCH_IMAGE, SimulatedCluster, SimulatedNode,
+    ray_processes,
 )
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
@@ -107,9 +108,14 @@ NODE_SETS: Dict[str, NodeSet] = {
         # Nodes started without RAY_RUNTIME_ENV_PLUGINS: the worker-side
         # setup hook decides there (UNREGISTERED below).
         SimulatedNode("unplugged", "9.0", plugin=False),
-        SimulatedNode("b200_unplugged", "10.0", plugin=False),
-        SimulatedNode("a100_inherit1_unplugged", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-                      plugin=False),
+        SimulatedNode("b200_unplugged", "10.0", dict(WRONG_ARCH_IMAGE), plugin=False),
+        # ... its image pins TORCH_CUDA_ARCH_LIST="9.0 10.0" too (torch-arch)
+        SimulatedNode("a100_inherit1_unplugged", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1",
+                                                          **WRONG_ARCH_IMAGE}, plugin=False),
+        # PCIe GPUs without peer access on driver 12.8 (nccl-host-mem), as
+        # MIXED_NODES' l40s node, decided by the setup hook.
+        SimulatedNode("l40s_unplugged", "8.9,8.9,8.9,8.9",
+                      {FAKE_NODE_VARIABLE: PCIE_NO_P2P_OLD_DRIVER}, plugin=False),
         # NVML in auto mode (it cannot load here), then the fake nvidia-smi.
         _smi_node("smi", probe="auto", CUDA_VISIBLE_DEVICES="GPU-22222222"),
         _smi_node("smi_hang", FAKE_NVIDIA_SMI="hang"),

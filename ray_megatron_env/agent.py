@@ -18,7 +18,8 @@ from .field import parse_field
 from .packs.connections import explicit_value
 from .gpus import NodeGpus
 from .node import NodeFacts
-from .packs import get_pack
+from .p2p_probe import probe_p2p
+from .packs import FABRIC, P2P, get_pack
 from .probe import ProbeCache
 from .engines import VARIABLE
 from .spec import Spec
@@ -31,9 +32,15 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
     explicit_value(runtime_env.get("env_vars"))
 
 
+def fact_kinds(spec: Spec) -> frozenset:
+    """The kinds of node facts besides the GPUs that the job's packs read
+    (packs.FACT_KINDS): only those are probed."""
+    return frozenset(kind for name in spec.packs for kind in get_pack(name).fact_kinds)
+
+
 def needs_fabric(spec: Spec) -> bool:
     """Whether one of the job's packs reads the node's fabric facts."""
-    return any(get_pack(name).needs_fabric for name in spec.packs)
+    return FABRIC in fact_kinds(spec)
 
 
 def write_decision(spec: Spec, facts: NodeFacts, env_vars: MutableMapping[str, str],
@@ -54,23 +61,32 @@ def write_decision(spec: Spec, facts: NodeFacts, env_vars: MutableMapping[str, s
 
 class NodeAgent:
     """The plugin's state on one node: its GPU probe and, for jobs that ask
-    for a pack that reads it, its fabric probe; each cached."""
+    for a pack that reads them, its fabric and peer-access probes; each cached."""
 
     def __init__(self, cache: Optional[ProbeCache] = None,
-                 fabric_cache: Optional[ProbeCache] = None) -> None:
+                 fabric_cache: Optional[ProbeCache] = None,
+                 p2p_cache: Optional[ProbeCache] = None) -> None:
         self.cache = cache or ProbeCache()
         self.fabric_cache = fabric_cache or ProbeCache(probe_fabric)
+        self.p2p_cache = p2p_cache or ProbeCache(probe_p2p)
+
+    def _caches(self, kinds: frozenset) -> List[ProbeCache]:
+        return [cache for kind, cache in ((FABRIC, self.fabric_cache), (P2P, self.p2p_cache))
+                if kind in kinds]
 
     async def probe_async(self, runtime_env: Optional[Mapping[str, Any]] = None) -> NodeGpus:
         """Probe off the event loop before ``apply`` needs the results: the
-        GPUs always, the fabric only when the job's packs read it."""
+        GPUs always, the other facts only when the job's packs read them."""
         gpus = await self.cache.get_async()
-        if runtime_env is not None and _needs_fabric(runtime_env):
-            await self.fabric_cache.get_async()
+        for cache in self._caches(_fact_kinds(runtime_env) if runtime_env is not None
+                                  else frozenset()):
+            await cache.get_async()
         return gpus
 
     def facts(self, spec: Spec) -> NodeFacts:
-        return NodeFacts(self.cache.get(), self.fabric_cache.get() if needs_fabric(spec) else None)
+        kinds = fact_kinds(spec)
+        return NodeFacts(self.cache.get(), self.fabric_cache.get() if FABRIC in kinds else None,
+                         self.p2p_cache.get() if P2P in kinds else None)
 
     def apply(self, runtime_env: Mapping[str, Any], env_vars: MutableMapping[str, str],
               node_environ: Mapping[str, str], logger: logging.Logger) -> Decision:
@@ -80,12 +96,12 @@ class NodeAgent:
                               logger=logger)
 
 
-def _needs_fabric(runtime_env: Mapping[str, Any]) -> bool:
+def _fact_kinds(runtime_env: Mapping[str, Any]) -> frozenset:
     try:
         spec = parse_field(runtime_env.get(FIELD))
     except Exception:  # validate and apply report a bad field; nothing to probe for it
-        return False
-    return needs_fabric(spec)
+        return frozenset()
+    return fact_kinds(spec)
 
 
 def log_decision(logger: logging.Logger, decision: Decision) -> None:

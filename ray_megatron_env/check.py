@@ -85,15 +85,21 @@ class NodeReport:
 
 class _WorkerView:
     """The probe: reports the environment its worker was started with and,
-    when asked, the node's fabric facts (for packs the job did not ask for)."""
+    when asked, the node's facts for packs the job did not ask for (its
+    fabric, its GPUs' peer access and CUDA driver) and the values its worker
+    has of every variable a pack reads."""
 
     def view(self, fabric: bool = False) -> Tuple[Optional[str], ...]:
         seen = (os.environ.get(VARIABLE), os.environ.get(DECISION_VARIABLE))
         if not fabric:
             return seen
         from .fabric_probe import probe_fabric
+        from .p2p_probe import probe_p2p
+        from .worker import PACK_VARIABLES
 
-        return seen + (json.dumps(probe_fabric().to_dict()),)
+        values = {name: os.environ[name] for name in PACK_VARIABLES if name in os.environ}
+        return seen + (json.dumps(probe_fabric().to_dict()), json.dumps(probe_p2p().to_dict()),
+                       json.dumps(values))
 
 
 def alive_nodes() -> List[Tuple[str, str]]:
@@ -179,7 +185,7 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
     decision = Decision.from_json(text) if text else None
     registered = decision is not None and (decision.via or VIA_PLUGIN) == VIA_PLUGIN
     return NodeReport(node_id, ip, registered, value, decision, label=label,
-                      advice=_advice(answer[2], text, label or node_id[:8])
+                      advice=_advice(answer[2], text, label or node_id[:8], *answer[3:5])
                       if len(answer) > 2 and text else None)
 
 
@@ -204,21 +210,25 @@ def _error_text(error: Exception) -> str:
     return f"{type(error).__name__}: {line}"
 
 
-def _advice(fabric_json: str, decision_json: str, where: str) -> Optional[str]:
+def _advice(fabric_json: str, decision_json: str, where: str,
+            p2p_json: Optional[str] = None, environ_json: Optional[str] = None) -> Optional[str]:
     """Each optional pack the job did not ask for, evaluated on this node's
-    facts: every required change it would make, in words."""
+    facts and on the values its worker has (from the node or the job): every
+    required change it would make, in words."""
     from .explanation import parse_gpu_list
     from .node import NodeFacts
-    from .node_cache import fabric_from_record
+    from .node_cache import fabric_from_record, p2p_from_record
     from .packs import REQUIRED, SET, get_pack
 
     decision = Decision.from_json(decision_json)
     fabric = fabric_from_record(json.loads(fabric_json))
+    p2p = p2p_from_record(json.loads(p2p_json)) if p2p_json else None
+    environ = json.loads(environ_json) if environ_json else {}
     gpus = parse_gpu_list(decision.gpus if decision.gpus is not None else "none")
     asked = {entry["pack"] for entry in decision.packs.values()}
     notes = []
     for name in (p for p in OPTIONAL_PACKS if p not in asked):
-        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, fabric), {}, {})
+        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, fabric, p2p), {}, environ)
         for outcome in verdict.outcomes:
             if outcome.strength == REQUIRED and outcome.action == SET:
                 notes.append(f"{name} would set {outcome.variable}={outcome.value} on node "

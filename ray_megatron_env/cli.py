@@ -178,11 +178,39 @@ def format_check(reports: List[Any]) -> str:
     for r in reports:
         lines += textwrap.wrap(f"advice: {r.advice}", 100, subsequent_indent="      ",
                                break_on_hyphens=False) if r.advice else []
+    driver = driver_arch_list(reports)
+    if driver:
+        lines += textwrap.wrap(
+            f"driver: export TORCH_CUDA_ARCH_LIST='{driver}' where a driver-side check wants it "
+            "(NeMo-RL's Megatron backend only checks that it is set): every node's value "
+            "together; each worker gets its own node's value from the torch-arch pack",
+            100, subsequent_indent="      ", break_on_hyphens=False)
     for r in bad:
         lines += textwrap.wrap(f"{short_id(r.node_id)} ({r.ip}): {r.problem()}", 100,
                                initial_indent="  ", subsequent_indent="      ",
                                break_on_hyphens=False)
     return "\n".join(lines)
+
+
+def driver_arch_list(reports: Iterable[Any]) -> Optional[str]:
+    """Every node's TORCH_CUDA_ARCH_LIST (as the torch-arch pack left it on
+    the node's workers) in one list, ascending; None where no node has one."""
+    from .packs.torch_arch import VARIABLE as ARCHS
+
+    entries = set()
+    for r in reports:
+        entry = r.decision.variables.get(ARCHS) if r.decision is not None else None
+        if entry is not None and entry.value:
+            entries.update(e for e in entry.value.replace(";", " ").split() if e)
+
+    def order(entry: str) -> Tuple[int, int, str]:
+        major, _, rest = entry.partition(".")
+        minor = "".join(c for c in rest if c.isdigit())
+        try:
+            return int(major), int(minor or 0), rest
+        except ValueError:
+            return 999, 0, entry
+    return " ".join(sorted(entries, key=order)) or None
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -193,7 +221,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
                           explicit=args.explicit, node_value=args.node_value,
                           worker_env=_worker_env(args.worker_env),
                           packs=_packs(args.packs),
-                          job_env=_worker_env(args.job_env, "--job-env"))
+                          job_env=_worker_env(args.job_env, "--job-env"),
+                          node_env=_worker_env(args.node_env, "--node-env"))
     decision = result.decision
     # A required rule that the value breaks fails here as it would on the node.
     code = OK if decision.satisfied else PROBLEM
@@ -330,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = verbs.add_parser("demo", help="run the decision on a local simulated mixed-GPU cluster",
                             description="Start a local simulated cluster (no GPU, V100, A100, "
-                                        "2xH100, B200, H100+B200), start an actor per node "
-                                        "for each example config, print what each got and why.")
+                                        "2xH100, B200, H100+B200, 4xL40S), start an actor per "
+                                        "node for each example config, print what each got and "
+                                        "why.")
     demo.add_argument("--config", help="your config (a framework's YAML or the compact form) instead of the "
                                        "examples; --role then narrows it")
     role_option(demo)
@@ -369,14 +399,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the node's facts as RAY_MEGATRON_ENV_FAKE_NODE takes them, inline "
                               "JSON or a file: {\"gpus\": \"10.0\", \"fabric\": {\"state\": "
                               "\"completed\", \"cluster_uuid\": \"...\"}, \"imex_channel\": "
-                              "\"absent\"} (docs/packs.md)")
+                              "\"absent\", \"p2p\": \"none\", \"cuda_driver\": \"12.8\"} "
+                              "(docs/packs.md)")
     explain.add_argument("--job-env", action="append", metavar="NAME=VALUE",
                          help="a variable the job's env_vars set (any variable, e.g. "
                               "NCCL_CUMEM_ENABLE=0); repeatable")
     role_option(explain)
     explain.add_argument("--explicit", metavar="N", help="an env_vars value in the runtime env")
     explain.add_argument("--node-value", metavar="N",
-                         help="a value inherited from the node's environment")
+                         help="a CUDA_DEVICE_MAX_CONNECTIONS value inherited from the node's "
+                              "environment")
+    explain.add_argument("--node-env", action="append", metavar="NAME=VALUE",
+                         help="a variable a worker would inherit from the node's environment "
+                              "(any variable of any pack, e.g. an image's "
+                              "TORCH_CUDA_ARCH_LIST=\"9.0 10.0\"); repeatable")
     explain.add_argument("--worker-env", action="append", metavar="NAME=VALUE",
                          help="a variable in the worker's own env_vars, by which the framework's "
                               "process kinds are told apart (e.g. WG_PREFIX=rollout_standalone_0 "

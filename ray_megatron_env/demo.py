@@ -1,11 +1,12 @@
 """The embedded demo: a simulated mixed-GPU cluster and a few verl configs.
 
 ``ray-megatron-env demo`` starts a local cluster whose nodes fake no GPU,
-V100, A100, 2xH100, B200 and H100+B200, registers the plugin on four of them
+V100, A100 (in an image that pins another arch list), 2xH100, B200,
+H100+B200 and 4xL40S (no peer access, CUDA driver 12.8), registers the plugin on four of them
 and not on the V100 and H100+B200 nodes (as on a cluster the user cannot
 reconfigure; the job env's setup hook decides there), starts one actor per
 node for each example config (per role where the example uses per-role
-envs), and reports what each actor got, why, and which path decided.
+envs; the last asks for the nccl-host-mem and torch-arch packs), and reports what each actor got, why, and which path decided.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Scenario:
     example: str
     overrides: Tuple[str, ...] = ()
     roles: Tuple[Optional[str], ...] = (None,)  # one runtime env per entry
+    packs: Tuple[str, ...] = ()  # optional packs this scenario asks for
 
     def config(self) -> Any:
         return load_example(self.example, *self.overrides)
@@ -56,6 +58,10 @@ SCENARIOS = (
     Scenario("verl, FSDP engines", "verl_fsdp.yaml"),
     Scenario("verl, Megatron TP=2 actor and FSDP critic, one runtime env per role",
              "verl_megatron.yaml", ("critic.strategy=fsdp",), ("actor", "critic")),
+    # The A100 node's image pins TORCH_CUDA_ARCH_LIST="9.0 10.0"; the L40S
+    # node's GPUs lack peer access on a CUDA driver before 13.0.
+    Scenario("verl, Megatron TP=2 with packs nccl-host-mem and torch-arch",
+             "verl_megatron.yaml", packs=("nccl-host-mem", "torch-arch")),
 )
 
 
@@ -78,7 +84,9 @@ def run_demo(config: Optional[ConfigLike] = None, roles: Sequence[Optional[str]]
         plans = [(f"your config: {config}", role, build_runtime_env(config, role=role, packs=packs))
                  for role in roles]
     else:
-        plans = [(s.title, role, build_runtime_env(s.config(), role=role, packs=packs))
+        plans = [(s.title, role, build_runtime_env(
+                     s.config(), role=role,
+                     packs=sorted({*s.packs, *(packs or ())}) or None))
                  for s in SCENARIOS for role in s.roles]
     with SimulatedCluster(nodes) as cluster:
         order = {node_id: i for i, node_id in enumerate(cluster.node_ids.values())}

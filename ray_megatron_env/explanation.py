@@ -7,13 +7,16 @@ instead of probed, so ``explain`` and a node with those GPUs agree.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Mapping, Optional, Sequence, Tuple, Union
 
 from .decision import Decision, NodeDecision, decide_node
 from .errors import FieldValueError
 from .gpus import VENDOR_TOKENS, NodeGpus, parse_capability
-from .node import ABSENT, FakeNodeError, NodeFabric, NodeFacts, parse_fake_node
-from .packs import get_pack
+from .node import (
+    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeP2P, parse_fake_node, parse_fake_p2p,
+)
+from .packs import FABRIC, P2P, get_pack
 from .engines import VARIABLE
 from .frameworks.loading import ConfigLike, load_spec
 from .runtime_env import with_packs
@@ -42,6 +45,22 @@ def read_node(text: str, gpus: Optional[str] = None) -> Tuple[Optional[str], Nod
     """``--node FACTS``: the fake-node JSON (``RAY_MEGATRON_ENV_FAKE_NODE``'s
     form), inline or in a file -> its GPU list (``None`` if not given) and
     fabric; the fabric record stands for each of ``gpus`` when FACTS lists none."""
+    source = _node_text(text)
+    try:
+        return parse_fake_node(source, "--node", default_gpus=gpus)
+    except FakeNodeError as exc:
+        raise FieldValueError(f"{FIELD}: {exc}") from None
+
+
+def read_node_p2p(text: str, gpus: Optional[str] = None) -> NodeP2P:
+    """``--node FACTS`` -> its peer-access facts (``p2p``, ``cuda_driver``)."""
+    try:
+        return parse_fake_p2p(_node_text(text), "--node", default_gpus=gpus)
+    except FakeNodeError as exc:
+        raise FieldValueError(f"{FIELD}: {exc}") from None
+
+
+def _node_text(text: str) -> str:
     source = text.strip()
     if not source.startswith("{"):
         if not os.path.isfile(source):
@@ -50,10 +69,7 @@ def read_node(text: str, gpus: Optional[str] = None) -> Tuple[Optional[str], Nod
                                   "\"absent\"}' or a path to such a file")
         with open(source, encoding="utf-8") as handle:
             source = handle.read()
-    try:
-        return parse_fake_node(source, "--node", default_gpus=gpus)
-    except FakeNodeError as exc:
-        raise FieldValueError(f"{FIELD}: {exc}") from None
+    return source
 
 
 def node_facts(gpus: Union[str, Sequence[str], None], node: Optional[str]) -> NodeFacts:
@@ -73,7 +89,7 @@ def node_facts(gpus: Union[str, Sequence[str], None], node: Optional[str]) -> No
     listed = listed if listed is not None else gpus
     if listed is None:
         raise FieldValueError(f"{FIELD}: --node has no \"gpus\"; add it, or give --gpus")
-    return NodeFacts(parse_gpu_list(listed), fabric)
+    return NodeFacts(parse_gpu_list(listed), fabric, read_node_p2p(node, gpus))
 
 
 def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,
@@ -82,22 +98,32 @@ def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = Non
                  worker_env: Optional[Mapping[str, str]] = None,
                  packs: Optional[Sequence[str]] = None,
                  job_env: Optional[Mapping[str, str]] = None,
-                 tp_spans_nodes: Optional[Sequence[str]] = None) -> NodeDecision:
+                 tp_spans_nodes: Optional[Sequence[str]] = None,
+                 node_env: Optional[Mapping[str, str]] = None) -> NodeDecision:
     """What a node would write and remove for a worker of ``config``: the
     decision and every variable, exactly as ``decision.decide_node`` does on
     the node. ``node`` is the fake-node JSON (inline or a file) with the
-    fabric facts; ``job_env`` variables in the job's ``env_vars`` (any
-    variable, e.g. ``NCCL_NVLS_ENABLE``); ``packs`` as in build_runtime_env."""
+    fabric and peer-access facts; ``job_env`` variables in the job's
+    ``env_vars`` (any variable, e.g. ``NCCL_NVLS_ENABLE``); ``node_env``
+    variables the worker would inherit from the node's environment (any
+    variable, e.g. an image's ``TORCH_CUDA_ARCH_LIST``; ``node_value`` is
+    ``CUDA_DEVICE_MAX_CONNECTIONS``'s); ``packs`` as in build_runtime_env."""
     spec, known_roles = load_spec(config)
     spec = with_packs(spec.narrow(role, known_roles), packs, tp_spans_nodes)
     env_vars = {**(job_env or {}), **(worker_env or {})}
     if explicit is not None:
         env_vars[VARIABLE] = explicit
-    environ = {VARIABLE: node_value} if node_value is not None else {}
+    environ = dict(node_env or {})
+    if node_value is not None:
+        environ[VARIABLE] = node_value
     facts = node_facts(gpus, node)
-    if any(get_pack(name).needs_fabric for name in spec.packs) and facts.fabric is None:
-        facts = NodeFacts(facts.gpus, NodeFabric(None, ABSENT, "given",
+    kinds = {kind for name in spec.packs for kind in get_pack(name).fact_kinds}
+    if FABRIC in kinds and facts.fabric is None:
+        facts = replace(facts, fabric=NodeFabric(None, ABSENT, "given",
                                                  "no --node given with the fabric facts"))
+    if P2P in kinds and facts.p2p is None:
+        facts = replace(facts, p2p=NodeP2P(None, method="given",
+                                           error="no --node given with the peer-access facts"))
     return decide_node(spec, facts, env_vars, environ)
 
 
@@ -107,7 +133,8 @@ def explain(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,
             worker_env: Optional[Mapping[str, str]] = None, node: Optional[str] = None,
             packs: Optional[Sequence[str]] = None,
             job_env: Optional[Mapping[str, str]] = None,
-            tp_spans_nodes: Optional[Sequence[str]] = None) -> Decision:
+            tp_spans_nodes: Optional[Sequence[str]] = None,
+            node_env: Optional[Mapping[str, str]] = None) -> Decision:
     """The decision a node with ``gpus`` would make for a worker of ``config``.
 
     ``explicit`` is an ``env_vars`` value in the runtime env; ``node_value``
@@ -115,8 +142,10 @@ def explain(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,
     own ``env_vars`` (``{"WG_PREFIX": "rollout_standalone_0"}``), by which a
     framework's process kinds are told apart. Without it, the worker is one
     no process rule matches, as a trainer's own workers are. ``node``,
-    ``packs``, ``job_env`` and ``tp_spans_nodes`` as in ``explain_node``.
+    ``packs``, ``job_env``, ``tp_spans_nodes`` and ``node_env`` as in
+    ``explain_node``.
     """
     return explain_node(config, gpus, node=node, role=role, explicit=explicit,
                         node_value=node_value, worker_env=worker_env, packs=packs,
-                        job_env=job_env, tp_spans_nodes=tp_spans_nodes).decision
+                        job_env=job_env, tp_spans_nodes=tp_spans_nodes,
+                        node_env=node_env).decision

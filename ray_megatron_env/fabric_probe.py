@@ -128,12 +128,16 @@ def _probe(environ, nvml, smi_command, smi_timeout_s, nvml_timeout_s) -> NodeFab
 
 def probe_node(spec: "Spec", environ: Mapping[str, str] = os.environ) -> NodeFacts:
     """Every fact the packs ``spec`` asks for read about this node, uncached:
-    the GPUs always, the fabric only when one of its packs reads it. For a
+    the GPUs always, the fabric and peer access only when one of its packs
+    reads them. For a
     caller without the agent's caches (a worker deciding for itself)."""
-    from .packs import get_pack
+    from .agent import fact_kinds
+    from .p2p_probe import probe_p2p
+    from .packs import FABRIC, P2P
 
-    needs = any(get_pack(name).needs_fabric for name in spec.packs)
-    return NodeFacts(probe_gpus(environ), probe_fabric(environ) if needs else None)
+    kinds = fact_kinds(spec)
+    return NodeFacts(probe_gpus(environ), probe_fabric(environ) if FABRIC in kinds else None,
+                     probe_p2p(environ) if P2P in kinds else None)
 
 
 def imex_channel(environ: Mapping[str, str] = os.environ) -> str:

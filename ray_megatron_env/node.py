@@ -13,6 +13,7 @@ what NCCL reads for every rank (NCCL ``src/init.cc``, ``fillInfo``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
@@ -194,13 +195,80 @@ class NodeFabric:
                      "health_mask": g.health_mask} for g in self.gpus]}
 
 
+# --- Peer access and the CUDA driver version (the nccl-host-mem pack) ------
+# Kept apart so it can move with the probe; ``p2p_probe.py`` fills it in.
+
+P2P_ALL, P2P_NONE = "all", "none"
+
+
+def format_driver(version: Tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def parse_driver(text: str) -> Tuple[int, int]:
+    """``"12.8"`` -> ``(12, 8)``; NVML's integer ``12080`` -> ``(12, 8)``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text // 1000, (text % 1000) // 10
+    match = re.match(r"^\s*(\d{1,3})\.(\d{1,2})\s*$", str(text))
+    if not match:
+        raise ValueError(f"not a CUDA driver version like '12.8': {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class NodeP2P:
+    """Which pairs of the node's NVIDIA GPUs lack peer access (NVML's P2P
+    read status), over every GPU on the node (NCCL's ranks on one node may
+    use any of them), and the node's CUDA driver version (NVML's
+    ``nvmlSystemGetCudaDriverVersion``: the kernel driver's, which CUDA
+    forward compatibility does not change). ``count`` is ``None`` when they
+    could not be read (``error`` says why)."""
+
+    count: Optional[int]  # NVIDIA GPUs on the node
+    without: Tuple[Tuple[int, int], ...] = ()  # pairs (i < j) without peer access
+    cuda_driver: Optional[Tuple[int, int]] = None  # None: not reported
+    method: str = "nvml"
+    error: Optional[str] = None
+    detail: Optional[str] = None
+    probed_at: Optional[float] = None
+    probe_pid: Optional[int] = None
+
+    @property
+    def is_known(self) -> bool:
+        return self.count is not None
+
+    def describe(self) -> str:
+        """Words for a reason sentence."""
+        if self.count is None:
+            return f"peer access unknown ({self.method}: {self.error})"
+        driver = ("CUDA driver not reported" if self.cuda_driver is None
+                  else f"CUDA driver {format_driver(self.cuda_driver)}")
+        pairs = self.count * (self.count - 1) // 2
+        if not self.without:
+            access = "peer access between every pair" if pairs else "no GPU pair"
+        elif len(self.without) == pairs:
+            access = "no peer access between any pair"
+        else:
+            shown = ", ".join(f"{i}-{j}" for i, j in self.without[:4])
+            more = f" and {len(self.without) - 4} more" if len(self.without) > 4 else ""
+            access = f"no peer access between GPUs {shown}{more}"
+        return f"{self.count} NVIDIA GPU(s), {access}, {driver}"
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "without": [list(p) for p in self.without],
+                "cuda_driver": None if self.cuda_driver is None else list(self.cuda_driver),
+                "method": self.method, "error": self.error, "detail": self.detail}
+
+
 @dataclass(frozen=True)
 class NodeFacts:
-    """Everything the packs read about one node. ``fabric`` is ``None`` when
-    no pack the job asked for needs it (it is then never probed)."""
+    """Everything the packs read about one node. ``fabric`` and ``p2p`` are
+    ``None`` when no pack the job asked for needs them (they are then never
+    probed)."""
 
     gpus: NodeGpus
     fabric: Optional[NodeFabric] = None
+    p2p: Optional[NodeP2P] = None
 
 
 class FakeNodeError(ValueError):
@@ -208,7 +276,7 @@ class FakeNodeError(ValueError):
 
 
 _FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health", "health_mask")
-_TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status")
+_TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status", "p2p", "cuda_driver")
 
 
 def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
@@ -242,6 +310,7 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
         raise FakeNodeError(f"{where}: imex_status must be one of {', '.join(IMEX_STATUSES)} "
                             f"(leave it out for unknown), got {status!r}")
     fabric = _fake_fabric(data.get("fabric"), where)
+    _fake_p2p(data, count, where, text)  # checked here too: one error for any bad key
     return gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, "fake",
                             detail=f"{where}={text}", imex_status=status)
 
@@ -291,3 +360,54 @@ def _fake_fabric(raw: Any, where: str) -> GpuFabric:
     # A completed fabric without a status reads as NVML reports it: success.
     status = raw.get("status", SUCCESS if state == COMPLETED else None)
     return GpuFabric(state, status, raw.get("cluster_uuid"), clique, health, mask)
+
+
+def parse_fake_p2p(text: str, where: str = FAKE_NODE_VARIABLE,
+                   default_gpus: Optional[str] = None) -> NodeP2P:
+    """The peer-access facts of ``RAY_MEGATRON_ENV_FAKE_NODE`` (or explain's
+    ``--node``): ``"p2p": "all" | "none" | [[i, j], ...]`` (the pairs
+    WITHOUT peer access; default ``"all"``) and ``"cuda_driver": "12.8"``
+    (default: not reported), over the GPUs in ``gpus`` (or
+    ``default_gpus``). Raises ``FakeNodeError``."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise FakeNodeError(f"{where} is not JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise FakeNodeError(f"{where} must be a JSON object with {', '.join(_TOP_KEYS)}")
+    gpus = data.get("gpus")
+    if gpus is not None and not isinstance(gpus, str):
+        raise FakeNodeError(f"{where}: gpus must be a string like \"10.0,10.0\" or \"none\"")
+    return _fake_p2p(data, _gpu_count(gpus if gpus is not None else default_gpus, where),
+                     where, text)
+
+
+def _fake_p2p(data: Mapping[str, Any], count: int, where: str, text: str) -> NodeP2P:
+    raw = data.get("p2p", P2P_ALL)
+    every = [(i, j) for i in range(count) for j in range(i + 1, count)]
+    if raw == P2P_ALL:
+        without: Tuple[Tuple[int, int], ...] = ()
+    elif raw == P2P_NONE:
+        without = tuple(every)
+    elif isinstance(raw, list):
+        pairs = set()
+        for pair in raw:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in pair)) \
+                    or pair[0] == pair[1] or not all(0 <= i < count for i in pair):
+                raise FakeNodeError(f"{where}: p2p pairs must be [i, j], two different GPU "
+                                    f"indices below {count}, got {pair!r}")
+            pairs.add((min(pair), max(pair)))
+        without = tuple(sorted(pairs))
+    else:
+        raise FakeNodeError(f"{where}: p2p must be \"all\", \"none\" or a list of [i, j] "
+                            f"pairs without peer access, got {raw!r}")
+    driver = data.get("cuda_driver")
+    if driver is not None:
+        if not isinstance(driver, str):
+            raise FakeNodeError(f"{where}: cuda_driver must be a string like \"12.8\"")
+        try:
+            driver = parse_driver(driver)
+        except ValueError as exc:
+            raise FakeNodeError(f"{where}: cuda_driver: {exc}") from None
+    return NodeP2P(count, without, driver, "fake", detail=f"{where}={text}")

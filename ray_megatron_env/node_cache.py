@@ -5,7 +5,7 @@ worker-side fallback runs in each worker process instead, so its probe is
 kept in a file in the node's Ray session folder, keyed by the Ray node id:
 the first worker to start on a node probes, every later one reads, for as
 long as that Ray node runs. The GPUs and the fabric facts (read only for
-jobs whose packs need them) have a file each. An exclusive ``flock`` around read-probe-write
+jobs whose packs need them) and the peer access (likewise) have a file each. An exclusive ``flock`` around read-probe-write
 makes workers that start at the same moment wait for the one probe rather
 than each run their own; the file is replaced atomically, so a reader never
 sees half of it. Any file-system problem falls back to probing in-process:
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
     from .gpus import NodeGpus
-    from .node import NodeFabric
+    from .node import NodeFabric, NodeP2P
 
 FOLDER = "megatron_env"
 # probe.RETRY_FAILED_AFTER_S (a test keeps them equal); named here so that a
@@ -54,8 +54,20 @@ def fabric_from_record(data: Dict[str, Any]) -> "NodeFabric":
     return NodeFabric(**values)
 
 
+def p2p_from_record(data: Dict[str, Any]) -> "NodeP2P":
+    from .node import NodeP2P
+
+    values = _known_fields(NodeP2P, data)
+    values["without"] = tuple(tuple(p) for p in values.get("without") or ())
+    driver = values.get("cuda_driver")
+    values["cuda_driver"] = None if driver is None else tuple(driver)
+    return NodeP2P(**values)
+
+
 KINDS: Dict[str, Callable[[Dict[str, Any]], Any]] = {
-    "gpus": gpus_from_record, "fabric": fabric_from_record}
+    "gpus": gpus_from_record, "fabric": fabric_from_record, "p2p": p2p_from_record}
+# The key of each kind's record that is None when its probe failed.
+KNOWN_KEYS = {"gpus": "capabilities", "fabric": "gpus", "p2p": "count"}
 
 
 def _known_fields(cls: type, data: Dict[str, Any]) -> Dict[str, Any]:
@@ -78,7 +90,7 @@ class NodeCache:
         return os.path.join(self.folder, f"{kind}-{self.node_id}.json")
 
     def get(self, probe: Callable[[], Any], kind: str = "gpus") -> Any:
-        """The node's ``kind`` of facts (``gpus`` or ``fabric``), probed with
+        """The node's ``kind`` of facts (``gpus``, ``fabric`` or ``p2p``), probed with
         ``probe`` only if no worker on the node has yet."""
         path = self.path(kind)
         try:
@@ -104,7 +116,7 @@ class NodeCache:
             try:
                 with open(self.path(kind)) as f:
                     text = f.read()
-                known = json.loads(text).get("capabilities" if kind == "gpus" else "gpus")
+                known = json.loads(text).get(KNOWN_KEYS[kind])
             except (OSError, ValueError, AttributeError):
                 return None
             if known is None:

@@ -79,13 +79,22 @@ class SimulatedNode:
         return env
 
 
+FAKE_NODE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_NODE"  # node.FAKE_NODE_VARIABLE
+# Four PCIe GPUs without peer access on a CUDA driver before 13.0 (as 4xL4 or
+# L40S nodes report it): where NCCL's cuMem host memory fails (nccl-host-mem).
+PCIE_NO_P2P_OLD_DRIVER = '{"p2p": "none", "cuda_driver": "12.8"}'
+# An image built for Hopper and Blackwell (NeMo-RL's pins "9.0 10.0"): on an
+# A100 node it lists no arch of the node's GPU (torch-arch).
+WRONG_ARCH_IMAGE = {"TORCH_CUDA_ARCH_LIST": "9.0 10.0"}
+
 MIXED_NODES: Tuple[SimulatedNode, ...] = (
     SimulatedNode("cpu_head", "none"),
     SimulatedNode("v100", "7.0"),
-    SimulatedNode("a100", "8.0"),
+    SimulatedNode("a100", "8.0", dict(WRONG_ARCH_IMAGE)),
     SimulatedNode("h100", "9.0,9.0"),
     SimulatedNode("b200", "10.0"),
     SimulatedNode("h100_b200", "9.0,10.0"),
+    SimulatedNode("l40s", "8.9,8.9,8.9,8.9", {FAKE_NODE_VARIABLE: PCIE_NO_P2P_OLD_DRIVER}),
 )
 
 

@@ -82,7 +82,12 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
 # its process variables, they are all a decision reads besides the node's
 # facts, so they key a decision made on the node once for all its workers.
 PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE",
-                  "NCCL_NVLS_ENABLE")
+                  "NCCL_NVLS_ENABLE", "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE",
+                  "NCCL_SHM_DISABLE", "TORCH_CUDA_ARCH_LIST")
+# The kinds of node facts besides the GPUs each optional pack reads
+# (packs.*.fact_kinds; a test keeps them equal): what a cached decision's key
+# takes from the node's cache, without importing the core.
+PACK_FACT_KINDS = {"nccl-fabric": ("fabric",), "nccl-host-mem": ("p2p",), "torch-arch": ()}
 
 
 def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
@@ -134,7 +139,10 @@ def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str
         return None  # the full path says what is wrong with it
     if field is None:
         return None
-    facts = cache.stamp(("gpus", "fabric") if field.get("packs") else ("gpus",))
+    packs = field.get("packs") or ()
+    kinds = sorted({kind for name in ([packs] if isinstance(packs, str) else packs)
+                    for kind in PACK_FACT_KINDS.get(name, ())})
+    facts = cache.stamp(("gpus", *kinds))
     if facts is None:
         return None
     names = sorted(set(PACK_VARIABLES) | set(processes))
@@ -196,17 +204,19 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     runtime env's ``env_vars``, so is explicit, and so is a value the job's
     own ``env_vars`` (``job_env_vars``) gave, even where it equals the
     node's; the node's other values are the inherited ones.
-    ``cache(probe, kind)`` returns the node's ``gpus`` or ``fabric`` facts,
+    ``cache(probe, kind)`` returns the node's ``gpus``, ``fabric`` or ``p2p`` facts,
     running ``probe`` only when no worker on the node has.
     """
     if plugin_decided(environ, node_environ):
         return None
-    from .agent import needs_fabric, write_decision
+    from .agent import fact_kinds, write_decision
     from .decision import VIA_SETUP_HOOK
     from .errors import FieldValueError
     from .fabric_probe import probe_fabric
     from .field import parse_field
     from .node import NodeFacts
+    from .p2p_probe import probe_p2p
+    from .packs import FABRIC, P2P
     from .probe import probe_gpus
 
     text = _own_field_text(environ, node_environ)
@@ -221,9 +231,11 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     # The node's environment, as the agent probes with it: never this
     # worker's CUDA_VISIBLE_DEVICES, which Ray rewrites per task.
     probe_env = node_environ if node_environ is not None else environ
+    kinds = fact_kinds(spec)
     facts = NodeFacts(cache(lambda: probe_gpus(probe_env), "gpus"),
                       cache(lambda: probe_fabric(probe_env), "fabric")
-                      if needs_fabric(spec) else None)
+                      if FABRIC in kinds else None,
+                      cache(lambda: probe_p2p(probe_env), "p2p") if P2P in kinds else None)
     if node_environ is None:
         env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:

@@ -378,7 +378,11 @@ def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkey
 def test_the_workers_lists_of_names_match_the_cores():
     from ray_megatron_env import node_cache, probe
     from ray_megatron_env.packs import PACK_NAMES, get_pack
-    from ray_megatron_env.worker import PACK_VARIABLES
+    from ray_megatron_env.packs import ALWAYS_ON
+    from ray_megatron_env.worker import PACK_FACT_KINDS, PACK_VARIABLES
 
     assert set(PACK_VARIABLES) == {v for name in PACK_NAMES for v in get_pack(name).variables}
+    assert PACK_FACT_KINDS == {name: get_pack(name).fact_kinds for name in PACK_NAMES
+                               if name not in ALWAYS_ON}
+    assert set(node_cache.KINDS) == {"gpus", "fabric", "p2p"} == set(node_cache.KNOWN_KEYS)
     assert node_cache.RETRY_FAILED_AFTER_S == probe.RETRY_FAILED_AFTER_S

@@ -45,8 +45,15 @@ REQUIRED, PREFERRED, NONE = "required", "preferred", "none"
 
 CUDA_CONNECTIONS = "cuda-connections"
 NCCL_FABRIC = "nccl-fabric"
+NCCL_HOST_MEM = "nccl-host-mem"
+TORCH_ARCH = "torch-arch"
 # name -> module under packs/; the first is always on.
-_MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric"}
+_MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",
+            NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch"}
+# Kinds of node facts besides the GPUs, each probed only for a job whose
+# packs read it (Pack.fact_kinds): NVLink fabric, GPU peer access + driver.
+FABRIC, P2P = "fabric", "p2p"
+FACT_KINDS = (FABRIC, P2P)
 PACK_NAMES = tuple(_MODULES)
 ALWAYS_ON = (CUDA_CONNECTIONS,)
 OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)
@@ -137,8 +144,14 @@ class Pack:
     config_facts: Tuple[str, ...]
     rows: Tuple[PackRow, ...]
     evaluate: Evaluate
-    needs_fabric: bool = False  # reads NVLink fabric facts (probed only for such packs)
+    # Kinds of node facts besides the GPUs it reads (FACT_KINDS), probed
+    # only for jobs that ask for the pack.
+    fact_kinds: Tuple[str, ...] = ()
     defaults: Tuple[Tuple[str, str], ...] = field(default=())  # variable -> the library's default
+
+    @property
+    def needs_fabric(self) -> bool:
+        return FABRIC in self.fact_kinds
 
     def row(self, rule_id: str) -> PackRow:
         return next(r for r in self.rows if r.id == rule_id)

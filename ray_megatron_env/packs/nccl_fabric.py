@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Tuple
 from ..node import IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from ..spec import Spec
 from . import (
-    KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack,
+    FABRIC, KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack,
     PackRow, PackVerdict,
 )
 
@@ -305,7 +305,7 @@ PACK = Pack(
                   "), an override"),
     rows=ROWS,
     evaluate=evaluate,
-    needs_fabric=True,
+    fact_kinds=(FABRIC,),
     defaults=((MNNVL, "2, auto (src/init.cc)"), (NVLS, "2, auto (src/transport/nvls.cc)"),
               (CUMEM, "-2, auto-detect (src/misc/cudawrap.cc)")),
 )

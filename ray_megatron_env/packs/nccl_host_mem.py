@@ -1,0 +1,186 @@
+"""The ``nccl-host-mem`` pack, opt-in: NCCL's cuMem host allocations on
+nodes whose GPUs cannot all reach each other peer to peer.
+
+Since NCCL 2.24, NCCL_CUMEM_HOST_ENABLE defaults to 1 where the CUDA driver
+reports 12.6 or later (src/misc/cudawrap.cc, ncclCuMemHostEnable), and the
+SHM transport then shares its host buffers through cuMem handles
+(src/transport/shm.cc, taken only when ncclCuMemEnable() and
+ncclCuMemHostEnable() both hold). With a CUDA driver before 13.0 that fails
+between GPUs without peer access: ``Cuda failure 217 'peer access is not
+supported between these two devices'`` in transport/shm.cc (NCCL
+docs/userguide/source/troubleshooting/runtime_and_mpi_issues.rst, "Shared
+memory"). The node's own facts (NVML's P2P status for every pair and its
+system CUDA driver version) say where that happens, so the pack writes
+NCCL_CUMEM_HOST_ENABLE=0 there and nowhere else.
+
+It also owns NCCL_P2P_DISABLE and NCCL_SHM_DISABLE, to keep them as they are
+and warn where a job sends them (as SkyRL does from one probe) to a node
+whose GPUs all have peer access: it works there, slower.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ..node import NodeFacts, NodeP2P, format_driver
+from ..spec import Spec
+from . import (
+    KEEP, LEAVE, NCCL_HOST_MEM, NONE, P2P, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow,
+    PackVerdict,
+)
+
+HOST = "NCCL_CUMEM_HOST_ENABLE"
+P2P_DISABLE = "NCCL_P2P_DISABLE"
+SHM_DISABLE = "NCCL_SHM_DISABLE"
+CUMEM = "NCCL_CUMEM_ENABLE"
+VARIABLES = (HOST, P2P_DISABLE, SHM_DISABLE)
+FIXED_DRIVER = (13, 0)  # the first CUDA driver whose cuMem host memory works without P2P
+
+_HOST_DEFAULT = ("NCCL src/misc/cudawrap.cc: CUMEM_HOST_ENABLE defaults to -1, and "
+                 "ncclCuMemHostEnable() then turns it on where cudaDriverGetVersion >= 12060 "
+                 "(12.6; off below 12.2)")
+_SHM_PATH = ("src/transport/shm.cc: shmAllocateShareableBuffer/shmImportShareableBuffer take "
+             "the cuMem path only if ncclCuMemEnable() && ncclCuMemHostEnable()")
+_TROUBLE = ("docs/userguide/source/troubleshooting/runtime_and_mpi_issues.rst ('cuMem host "
+            "allocations may fail on systems without CUDA P2P connectivity if CUDA driver "
+            "version prior to 13.0 is being used'; forward compatibility hides the driver "
+            "version from NCCL; 'use NCCL_CUMEM_HOST_ENABLE=0'), env.rst NCCL_CUMEM_HOST_ENABLE")
+_REPORTS = ("NVIDIA/nccl#1838 (4xL4), NVIDIA-NeMo/RL#1683 (8xL4; NCCL_P2P_DISABLE=1 did not "
+            "help), OpenRLHF#1064 (4xRTX 4090), ray-project/ray PR #64109 (Ray CI's T4 fleet); "
+            "an upstream per-device check is still open (NVIDIA/nccl PR #2388)")
+_CUMEM_OFF = ("src/misc/cudawrap.cc ncclCuMemEnable(): a value >= 0 is used as it is, and a "
+              "negative one other than -2 (auto) is off")
+
+ROWS = (
+    PackRow("no-p2p-old-driver",
+            "two or more NVIDIA GPUs, some pair without peer access (NVML P2P read status), "
+            "a CUDA driver before 13.0 (NVML's system version; also when NVML does not "
+            "report it), and cuMem not switched off (NCCL_CUMEM_ENABLE not 0 or -1)",
+            SET, ((HOST, "0"),), REQUIRED,
+            "NCCL 2.24+ shares SHM buffers through cuMem host allocations by default and "
+            "init fails with Cuda failure 217 ('peer access is not supported between these "
+            "two devices') in transport/shm.cc; 0 takes NCCL's /dev/shm path, which needs no "
+            "peer access (below driver 12.6 it is NCCL's own default anyway); a job's own "
+            "NCCL_CUMEM_HOST_ENABLE=1 is kept with a warning",
+            f"NCCL {_HOST_DEFAULT}; {_SHM_PATH}; {_TROUBLE}; {_REPORTS}"),
+    PackRow("cumem-off",
+            "as above, but the job (or the node) sets NCCL_CUMEM_ENABLE=0 or -1",
+            LEAVE, ((HOST, ""),), NONE,
+            "with cuMem off the cuMem host path is never taken, so there is nothing to fix",
+            f"NCCL {_CUMEM_OFF}; {_SHM_PATH}"),
+    PackRow("p2p-transports-off-on-p2p-node",
+            "two or more NVIDIA GPUs, every pair with peer access, and the job sets "
+            "NCCL_P2P_DISABLE=1 or NCCL_SHM_DISABLE=1",
+            KEEP, ((P2P_DISABLE, "1"), (SHM_DISABLE, "1")), PREFERRED,
+            "a value decided for another node (SkyRL's prepare_runtime_environment sends both "
+            "to every node from one probe): it works here, but costs this node its direct "
+            "GPU-to-GPU (P2P) or shared-memory transport; kept as the job's own, with a "
+            "warning",
+            "NCCL docs/userguide/source/env.rst NCCL_P2P_DISABLE, NCCL_SHM_DISABLE; "
+            "src/graph/paths.cc ncclGetLevel (P2P_DISABLE == 1), src/transport/shm.cc "
+            "(SHM_DISABLE == 1)"),
+    PackRow("leave-to-nccl",
+            "anything else: one GPU, every pair with peer access, a CUDA driver 13.0 or "
+            "later, no NVIDIA GPU, peer access unreadable",
+            LEAVE, ((HOST, ""), (P2P_DISABLE, ""), (SHM_DISABLE, "")), NONE,
+            "NCCL's default works there (cuMem host memory with driver 13.0+, or between "
+            "GPUs that have peer access)",
+            f"NCCL {_HOST_DEFAULT}; {_TROUBLE}"),
+)
+_BY_ID = {row.id: row for row in ROWS}
+
+
+def _int(value: Optional[str]) -> Optional[int]:
+    """An NCCL integer parameter as NCCL reads it (strtoll base 0: 0x1 is 1)."""
+    if value is None:
+        return None
+    try:
+        return int(str(value).strip(), 0)
+    except ValueError:
+        return None
+
+
+def cumem_off(value: Optional[str]) -> bool:
+    """NCCL_CUMEM_ENABLE makes ncclCuMemEnable() false: 0, or negative but not -2."""
+    number = _int(value)
+    return number is not None and (number == 0 or (number < 0 and number != -2))
+
+
+def _outcome(variable: str, rule_id: str, value: Optional[str], reason: str) -> Outcome:
+    row = _BY_ID[rule_id]
+    return Outcome(variable, row.action, value, row.strength, row.id, reason)
+
+
+def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
+             node_environ: Mapping[str, str]) -> PackVerdict:
+    """The pack's rows on one node: one outcome per variable, and warnings."""
+    p2p: Optional[NodeP2P] = facts.p2p
+    gpus = facts.gpus
+    decided = {}
+    warnings = []
+    if gpus.is_known and not gpus.capabilities:
+        where = gpus.describe()
+    elif p2p is None or not p2p.is_known:
+        error = "not probed" if p2p is None else p2p.error
+        warnings.append(f"{NCCL_HOST_MEM}: the node's GPU peer access could not be read "
+                        f"({error}); NCCL's defaults are left alone")
+        where = f"peer access unknown ({error})"
+    else:
+        where = p2p.describe()
+        if (p2p.count or 0) >= 2 and p2p.without:
+            old = p2p.cuda_driver is None or p2p.cuda_driver < FIXED_DRIVER
+            cumem = env_vars.get(CUMEM, node_environ.get(CUMEM))
+            if old and cumem_off(cumem):
+                decided[HOST] = _outcome(
+                    HOST, "cumem-off", None,
+                    f"{where}: NCCL_CUMEM_ENABLE={cumem} keeps NCCL off the cuMem host path "
+                    "[cumem-off]")
+            elif old:
+                driver = ("a CUDA driver NVML did not report" if p2p.cuda_driver is None
+                          else f"CUDA driver {format_driver(p2p.cuda_driver)} < 13.0")
+                decided[HOST] = _outcome(
+                    HOST, "no-p2p-old-driver", "0",
+                    f"{where}: NCCL's cuMem host allocations fail between GPUs without peer "
+                    f"access on {driver} (Cuda failure 217 in transport/shm.cc) "
+                    "[no-p2p-old-driver]")
+        elif (p2p.count or 0) >= 2:
+            for variable in (P2P_DISABLE, SHM_DISABLE):
+                value = env_vars.get(variable, node_environ.get(variable))
+                if _int(value) == 1:
+                    decided[variable] = _outcome(
+                        variable, "p2p-transports-off-on-p2p-node", str(value),
+                        f"{where}: {variable}={value} is kept, but every GPU pair here has "
+                        "peer access, so it costs this node its fast "
+                        f"{'P2P' if variable == P2P_DISABLE else 'shared-memory'} transport "
+                        "[p2p-transports-off-on-p2p-node]")
+                    warnings.append(f"{NCCL_HOST_MEM} [p2p-transports-off-on-p2p-node]: "
+                                    f"{decided[variable].reason}")
+    outcomes = tuple(decided.get(v) or _outcome(v, "leave-to-nccl", None,
+                                                 f"{where}: left to NCCL's default")
+                     for v in VARIABLES)
+    return PackVerdict(outcomes, tuple(warnings))
+
+
+PACK = Pack(
+    name=NCCL_HOST_MEM,
+    summary=("NCCL's cuMem host allocations, which NCCL 2.24+ turns on by default and which "
+             "fail NCCL init on nodes whose GPUs lack peer access (L4, L40S, T4, RTX "
+             "4090/5090, PCIe servers with two root complexes) with a CUDA driver before "
+             "13.0. The pack turns them off exactly there; everywhere else it leaves NCCL's "
+             "default, which is right. Leave the pack out where every node's GPUs have "
+             "peer access (NVLink/NVSwitch nodes) or every driver is 13.0 or later."),
+    variables=VARIABLES,
+    node_facts=("the number of NVIDIA GPUs on the node and NVML's P2P read status "
+                "(nvmlDeviceGetP2PStatus, NVML_P2P_CAPS_INDEX_READ) for every pair: no CUDA "
+                "context",
+                "NVML's system CUDA driver version (nvmlSystemGetCudaDriverVersion: the "
+                "kernel driver's, which CUDA forward compatibility hides from NCCL)"),
+    config_facts=("the job's own NCCL_CUMEM_ENABLE, NCCL_CUMEM_HOST_ENABLE, NCCL_P2P_DISABLE "
+                  "and NCCL_SHM_DISABLE (its env_vars, else the node's)",),
+    rows=ROWS,
+    evaluate=evaluate,
+    fact_kinds=(P2P,),
+    defaults=((HOST, "-1: on where the CUDA driver is 12.6 or later (src/misc/cudawrap.cc)"),
+              (P2P_DISABLE, "unset: P2P used where the topology allows (src/graph/paths.cc)"),
+              (SHM_DISABLE, "0: SHM used between GPUs without P2P (src/transport/shm.cc)")),
+)
