@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Mapping, MutableMapping, Optional, Tuple
 
+from .cache import ProbeCache
 from .decision import VIA_PLUGIN, Decision, decide_node
-from .fabric_probe import probe_fabric
 from .field import parse_field
 from .packs.connections import explicit_value
-from .gpus import NodeGpus
+from .node import NodeGpus
 from .node import NodeFacts
-from .p2p_probe import probe_p2p
-from .packs import FABRIC, P2P, get_pack
-from .probe import ProbeCache
+from .node import FABRIC, P2P
+from .packs import get_pack
+from .probe import probe_fabric, probe_gpus, probe_p2p
 from .engines import VARIABLE
 from .spec import Spec
 from .values import FIELD
@@ -66,7 +66,7 @@ class NodeAgent:
     def __init__(self, cache: Optional[ProbeCache] = None,
                  fabric_cache: Optional[ProbeCache] = None,
                  p2p_cache: Optional[ProbeCache] = None) -> None:
-        self.cache = cache or ProbeCache()
+        self.cache = cache or ProbeCache(probe_gpus)
         self.fabric_cache = fabric_cache or ProbeCache(probe_fabric)
         self.p2p_cache = p2p_cache or ProbeCache(probe_p2p)
 

@@ -93,8 +93,7 @@ class _WorkerView:
         seen = (os.environ.get(VARIABLE), os.environ.get(DECISION_VARIABLE))
         if not fabric:
             return seen
-        from .fabric_probe import probe_fabric
-        from .p2p_probe import probe_p2p
+        from .probe import probe_fabric, probe_p2p
         from .worker import PACK_VARIABLES
 
         values = {name: os.environ[name] for name in PACK_VARIABLES if name in os.environ}
@@ -215,14 +214,12 @@ def _advice(fabric_json: str, decision_json: str, where: str,
     """Each optional pack the job did not ask for, evaluated on this node's
     facts and on the values its worker has (from the node or the job): every
     required change it would make, in words."""
-    from .explanation import parse_gpu_list
-    from .node import NodeFacts
-    from .node_cache import fabric_from_record, p2p_from_record
+    from .node import FABRIC, P2P, NodeFacts, facts_from_record, parse_gpu_list
     from .packs import REQUIRED, SET, get_pack
 
     decision = Decision.from_json(decision_json)
-    fabric = fabric_from_record(json.loads(fabric_json))
-    p2p = p2p_from_record(json.loads(p2p_json)) if p2p_json else None
+    fabric = facts_from_record(FABRIC, json.loads(fabric_json))
+    p2p = facts_from_record(P2P, json.loads(p2p_json)) if p2p_json else None
     environ = json.loads(environ_json) if environ_json else {}
     gpus = parse_gpu_list(decision.gpus if decision.gpus is not None else "none")
     asked = {entry["pack"] for entry in decision.packs.values()}

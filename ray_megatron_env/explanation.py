@@ -8,54 +8,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Mapping, Optional, Sequence, Tuple, Union
+from typing import Mapping, Optional, Sequence, Union
 
 from .decision import Decision, NodeDecision, decide_node
 from .errors import FieldValueError
-from .gpus import VENDOR_TOKENS, NodeGpus, parse_capability
-from .node import (
-    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeP2P, parse_fake_node, parse_fake_p2p,
-)
-from .packs import FABRIC, P2P, get_pack
 from .engines import VARIABLE
+from .node import (
+    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeP2P, parse_fake_node, parse_gpu_list,
+)
+from .node import FABRIC, P2P
+from .packs import get_pack
 from .frameworks.loading import ConfigLike, load_spec
 from .runtime_env import with_packs
 from .spec import Roles
 from .values import FIELD
 
 
-def parse_gpu_list(gpus: Union[str, Sequence[str]]) -> NodeGpus:
-    """'9.0,9.0,10.0' (or a list of such) -> NodeGpus; 'none' or '' -> no GPU;
-    'amd' (ROCm), 'npu' or 'ascend' (Huawei Ascend), 'musa' (Moore Threads):
-    a node with that vendor's accelerators."""
-    items = gpus.split(",") if isinstance(gpus, str) else list(gpus)
-    items = [item.strip() for item in items if item.strip()]
-    if [item.lower() for item in items] in ([], ["none"]):
-        return NodeGpus.known((), "given")
-    if len(items) == 1 and items[0].lower() in VENDOR_TOKENS:
-        return NodeGpus.other(VENDOR_TOKENS[items[0].lower()], "given")
+def _given(parse, *args, **kw):
+    """A node fact given on the command line, read by node.py's parsers; a
+    bad one is the user's FieldValueError."""
     try:
-        return NodeGpus.known([parse_capability(item) for item in items], "given")
-    except ValueError as exc:
-        raise FieldValueError(f"{FIELD}: --gpus: {exc}; or one of none, "
-                              f"{', '.join(VENDOR_TOKENS)}") from None
-
-
-def read_node(text: str, gpus: Optional[str] = None) -> Tuple[Optional[str], NodeFabric]:
-    """``--node FACTS``: the fake-node JSON (``RAY_MEGATRON_ENV_FAKE_NODE``'s
-    form), inline or in a file -> its GPU list (``None`` if not given) and
-    fabric; the fabric record stands for each of ``gpus`` when FACTS lists none."""
-    source = _node_text(text)
-    try:
-        return parse_fake_node(source, "--node", default_gpus=gpus)
-    except FakeNodeError as exc:
-        raise FieldValueError(f"{FIELD}: {exc}") from None
-
-
-def read_node_p2p(text: str, gpus: Optional[str] = None) -> NodeP2P:
-    """``--node FACTS`` -> its peer-access facts (``p2p``, ``cuda_driver``)."""
-    try:
-        return parse_fake_p2p(_node_text(text), "--node", default_gpus=gpus)
+        return parse(*args, **kw)
     except FakeNodeError as exc:
         raise FieldValueError(f"{FIELD}: {exc}") from None
 
@@ -75,21 +48,21 @@ def _node_text(text: str) -> str:
 def node_facts(gpus: Union[str, Sequence[str], None], node: Optional[str]) -> NodeFacts:
     """The facts of a node given by ``--gpus`` and/or ``--node`` (the GPUs
     once: in either, or the same in both)."""
-    if gpus is not None and not isinstance(gpus, str):
-        gpus = ",".join(gpus)
+    given = None if gpus is None else _given(parse_gpu_list, gpus, where="--gpus")
     if node is None:
-        if gpus is None:
+        if given is None:
             raise FieldValueError(f"{FIELD}: give the node's GPUs with --gpus or --node")
-        return NodeFacts(parse_gpu_list(gpus))
-    listed, fabric = read_node(node, gpus)
-    if listed is not None and gpus is not None and \
-            parse_gpu_list(listed).capabilities != parse_gpu_list(gpus).capabilities:
-        raise FieldValueError(f"{FIELD}: --gpus {gpus!r} and the gpus in --node ({listed!r}) "
-                              "disagree; give the GPUs once")
-    listed = listed if listed is not None else gpus
-    if listed is None:
+        return NodeFacts(given)
+    text = gpus if gpus is None or isinstance(gpus, str) else ",".join(gpus)
+    fake = _given(parse_fake_node, _node_text(node), "--node", default_gpus=text,
+                  method="given")
+    if fake.gpus is None:
         raise FieldValueError(f"{FIELD}: --node has no \"gpus\"; add it, or give --gpus")
-    return NodeFacts(parse_gpu_list(listed), fabric, read_node_p2p(node, gpus))
+    if given is not None and (fake.gpus.capabilities, fake.gpus.vendor) != \
+            (given.capabilities, given.vendor):
+        raise FieldValueError(f"{FIELD}: --gpus {text!r} and the gpus in --node disagree; "
+                              "give the GPUs once")
+    return NodeFacts(fake.gpus, fake.fabric, fake.p2p)
 
 
 def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,

@@ -1,9 +1,13 @@
-"""What a node is, as the packs need it: its GPUs and, for the NCCL fabric
-pack, the NVLink fabric state of each GPU and the IMEX channel.
+"""What a node is, as the packs need it: its GPUs (compute capabilities, or
+another vendor's accelerators), the NVLink fabric of each GPU and the IMEX
+channel and daemon, and which GPU pairs lack peer access under which CUDA
+driver.
 
-Pure data. ``probe.py`` fills in the GPUs and ``fabric_probe.py`` the fabric
-from the hardware; ``parse_fake_node`` reads both from
-``RAY_MEGATRON_ENV_FAKE_NODE`` for tests and the demo.
+Pure data, and the one reader of their text forms: ``parse_gpu_list`` for a
+GPU list (``RAY_MEGATRON_ENV_FAKE_GPUS``, ``explain --gpus``, a record's
+``gpus``) and ``parse_fake_node`` for a whole node
+(``RAY_MEGATRON_ENV_FAKE_NODE``, ``explain --node``). The probe fills the
+same types in from the hardware.
 
 The fabric words follow NVML's ``nvmlGpuFabricInfoV_t`` (``state``,
 ``status``, ``clusterUuid``, ``cliqueId``, ``healthMask``), which is also
@@ -12,14 +16,132 @@ what NCCL reads for every rank (NCCL ``src/init.cc``, ``fillInfo``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
-
-from .gpus import NodeGpus, parse_capability
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 FAKE_NODE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_NODE"
+# The kinds of node fact: the GPUs (always read), and those read only for a
+# job whose packs need them (``Pack.fact_kinds``).
+GPUS, FABRIC, P2P = "gpus", "fabric", "p2p"
+FACT_KINDS = (FABRIC, P2P)
+
+Capability = Tuple[int, int]
+
+# Accelerators other than NVIDIA's, by the id the decision records
+# (``gpus: ["ascend"]``) -> the words a reason uses. Their runtimes do not
+# read CUDA_DEVICE_MAX_CONNECTIONS; only Python code (Megatron's asserts)
+# does, so the policy gives them a class of their own (docs/rules.md).
+AMD = "amd"
+ASCEND = "ascend"
+MUSA = "musa"
+VENDORS = {
+    AMD: "AMD (ROCm) GPUs",
+    ASCEND: "Huawei Ascend NPUs",
+    MUSA: "Moore Threads (MUSA) GPUs",
+}
+# What ``RAY_MEGATRON_ENV_FAKE_GPUS`` and ``explain --gpus`` accept for each.
+VENDOR_TOKENS = {"amd": AMD, "npu": ASCEND, "ascend": ASCEND, "musa": MUSA}
+
+_CAPABILITY = re.compile(r"^\s*(\d{1,2})\.(\d{1,2})\s*$")
+
+
+def parse_capability(text: str) -> Capability:
+    """``"9.0"`` -> ``(9, 0)``; raises ``ValueError`` for anything else."""
+    match = _CAPABILITY.match(text)
+    if not match:
+        raise ValueError(f"not a compute capability like '9.0': {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def format_capability(capability: Capability) -> str:
+    return f"{capability[0]}.{capability[1]}"
+
+
+class FakeNodeError(ValueError):
+    """A node's facts given as text (RAY_MEGATRON_ENV_FAKE_NODE or _FAKE_GPUS,
+    explain's --node or --gpus) are not what they must be."""
+
+
+def parse_gpu_list(gpus: Union[str, Sequence[str]], method: str = "given", *,
+                   where: str = "gpus", detail: Optional[str] = None) -> "NodeGpus":
+    """The one reader of a GPU list: ``"9.0,9.0,10.0"`` (or a list of such)
+    -> those capabilities; ``"none"`` or ``""`` -> no GPU; a vendor's name
+    (``amd``; ``npu`` or ``ascend``; ``musa``) -> a node with that vendor's
+    accelerators. Raises ``FakeNodeError`` naming ``where``."""
+    items = [str(item).strip() for item in (gpus.split(",") if isinstance(gpus, str) else gpus)]
+    if [item.lower() for item in items] in ([], [""], ["none"]):
+        return NodeGpus.known((), method, detail=detail)
+    if len(items) == 1 and items[0].lower() in VENDOR_TOKENS:
+        return NodeGpus.other(VENDOR_TOKENS[items[0].lower()], method, detail=detail)
+    try:
+        return NodeGpus.known([parse_capability(item) for item in items], method, detail=detail)
+    except ValueError as exc:
+        raise FakeNodeError(f"{where}: {exc}; or one of none, {', '.join(VENDOR_TOKENS)}") \
+            from None
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """The NVIDIA GPUs one node exposes to its workers.
+
+    ``capabilities`` is ``()`` for a node without NVIDIA GPUs and ``None``
+    when the probe failed, so the policy can tell "none" from "unknown".
+    ``vendor`` names another vendor's accelerators (``VENDORS``) on a node
+    without NVIDIA GPUs.
+    """
+
+    capabilities: Optional[Tuple[Capability, ...]]
+    method: str
+    error: Optional[str] = None
+    vendor: Optional[str] = None
+    detail: Optional[str] = None  # what the probe saw, for operators
+    probed_at: Optional[float] = None
+    probe_pid: Optional[int] = None
+
+    @classmethod
+    def known(cls, capabilities: Sequence[Capability], method: str, **kw) -> "NodeGpus":
+        return cls(tuple(capabilities), method, None, **kw)
+
+    @classmethod
+    def unknown(cls, method: str, error: str, **kw) -> "NodeGpus":
+        return cls(None, method, error, **kw)
+
+    @classmethod
+    def other(cls, vendor: str, method: str, **kw) -> "NodeGpus":
+        return cls((), method, None, vendor, **kw)
+
+    @property
+    def is_known(self) -> bool:
+        return self.capabilities is not None
+
+    @property
+    def oldest(self) -> Optional[Capability]:
+        """The GPU that decides a mixed node: the oldest architecture."""
+        return min(self.capabilities) if self.capabilities else None
+
+    def labels(self) -> Optional[list]:
+        if self.capabilities is None:
+            return None
+        if self.vendor is not None:
+            return [self.vendor]
+        return [format_capability(c) for c in self.capabilities]
+
+    def describe(self) -> str:
+        """Words for a reason sentence: 'compute capability 9.0', etc."""
+        if self.capabilities is None:
+            return f"unknown GPUs ({self.method} probe failed: {self.error})"
+        if not self.capabilities:
+            return VENDORS.get(self.vendor, self.vendor) if self.vendor else "no NVIDIA GPU"
+        distinct = sorted(set(self.capabilities))
+        oldest = format_capability(distinct[0])
+        if len(distinct) == 1:
+            return f"compute capability {oldest}"
+        others = ", ".join(format_capability(c) for c in distinct)
+        return f"compute capability {oldest} (the oldest of {others})"
+
 
 # NVML's nvmlGpuFabricState_t, in its own order (0..3).
 NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED = (
@@ -271,24 +393,31 @@ class NodeFacts:
     p2p: Optional[NodeP2P] = None
 
 
-class FakeNodeError(ValueError):
-    """RAY_MEGATRON_ENV_FAKE_NODE (or explain's --node) is not what it must be."""
-
-
 _FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health", "health_mask")
 _TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status", "p2p", "cuda_driver")
 
 
-def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
-                    default_gpus: Optional[str] = None) -> Tuple[Optional[str], NodeFabric]:
-    """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent",
-    "imex_status": "ready"}`` ->
-    the GPU list text (``None`` if not given) and the node's fabric.
+class FakeNode(NamedTuple):
+    """A node given as text: its GPUs (``None`` where neither the text nor
+    the default names them), its fabric and its peer-access facts."""
 
-    The one fabric record applies to every GPU in ``gpus`` (or in
-    ``default_gpus`` when the object has none: explain's --gpus). Without
-    ``fabric`` the GPUs report NOT_SUPPORTED (a PCIe node). Raises
-    ``FakeNodeError`` naming the key and what it must be.
+    gpus: Optional[NodeGpus]
+    fabric: NodeFabric
+    p2p: NodeP2P
+
+
+def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
+                    default_gpus: Optional[str] = None, method: str = "fake") -> FakeNode:
+    """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent",
+    "imex_status": "ready", "p2p": "none", "cuda_driver": "12.8"}`` -> the
+    node's facts.
+
+    ``gpus`` is read by ``parse_gpu_list`` (``default_gpus`` stands in where
+    the object has none: explain's --gpus, RAY_MEGATRON_ENV_FAKE_GPUS). The
+    one fabric record applies to every NVIDIA GPU; without ``fabric`` the
+    GPUs report NOT_SUPPORTED (a PCIe node). ``p2p`` lists the pairs WITHOUT
+    peer access (default ``"all"`` have it). Raises ``FakeNodeError``
+    naming the key and what it must be.
     """
     try:
         data = json.loads(text)
@@ -297,10 +426,14 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
     if not isinstance(data, Mapping):
         raise FakeNodeError(f"{where} must be a JSON object with {', '.join(_TOP_KEYS)}")
     _only(data, _TOP_KEYS, f"{where}: unknown key(s)")
-    gpus = data.get("gpus")
-    if gpus is not None and not isinstance(gpus, str):
+    listed = data.get("gpus", default_gpus)
+    if listed is not None and not isinstance(listed, str):
         raise FakeNodeError(f"{where}: gpus must be a string like \"10.0,10.0\" or \"none\"")
-    count = _gpu_count(gpus if gpus is not None else default_gpus, where)
+    # What the probe saw, for operators; a node given to explain was not seen.
+    seen = f"{where}={text}" if method == "fake" else None
+    gpus = None if listed is None else parse_gpu_list(listed, method, where=f"{where}: gpus",
+                                                      detail=seen)
+    count = len(gpus.capabilities) if gpus is not None and gpus.vendor is None else 0
     imex = data.get("imex_channel", ABSENT)
     if imex not in IMEX_CHANNELS:
         raise FakeNodeError(f"{where}: imex_channel must be one of {', '.join(IMEX_CHANNELS)}, "
@@ -310,24 +443,15 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
         raise FakeNodeError(f"{where}: imex_status must be one of {', '.join(IMEX_STATUSES)} "
                             f"(leave it out for unknown), got {status!r}")
     fabric = _fake_fabric(data.get("fabric"), where)
-    _fake_p2p(data, count, where, text)  # checked here too: one error for any bad key
-    return gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, "fake",
-                            detail=f"{where}={text}", imex_status=status)
+    return FakeNode(gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, method,
+                                     detail=f"{where}={text}", imex_status=status),
+                    _fake_p2p(data, count, where, text, method))
 
 
 def _only(data: Mapping[str, Any], allowed: Tuple[str, ...], words: str) -> None:
     unknown = sorted(str(k) for k in data if k not in allowed)
     if unknown:
         raise FakeNodeError(f"{words} {', '.join(unknown)}; allowed: {', '.join(allowed)}")
-
-
-def _gpu_count(gpus: Optional[str], where: str) -> int:
-    if gpus is None or gpus.strip().lower() in ("", "none", "amd"):
-        return 0
-    try:
-        return len([parse_capability(part) for part in gpus.split(",")])
-    except ValueError as exc:
-        raise FakeNodeError(f"{where}: gpus: {exc}") from None
 
 
 def _fake_fabric(raw: Any, where: str) -> GpuFabric:
@@ -362,27 +486,8 @@ def _fake_fabric(raw: Any, where: str) -> GpuFabric:
     return GpuFabric(state, status, raw.get("cluster_uuid"), clique, health, mask)
 
 
-def parse_fake_p2p(text: str, where: str = FAKE_NODE_VARIABLE,
-                   default_gpus: Optional[str] = None) -> NodeP2P:
-    """The peer-access facts of ``RAY_MEGATRON_ENV_FAKE_NODE`` (or explain's
-    ``--node``): ``"p2p": "all" | "none" | [[i, j], ...]`` (the pairs
-    WITHOUT peer access; default ``"all"``) and ``"cuda_driver": "12.8"``
-    (default: not reported), over the GPUs in ``gpus`` (or
-    ``default_gpus``). Raises ``FakeNodeError``."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise FakeNodeError(f"{where} is not JSON: {exc}") from None
-    if not isinstance(data, Mapping):
-        raise FakeNodeError(f"{where} must be a JSON object with {', '.join(_TOP_KEYS)}")
-    gpus = data.get("gpus")
-    if gpus is not None and not isinstance(gpus, str):
-        raise FakeNodeError(f"{where}: gpus must be a string like \"10.0,10.0\" or \"none\"")
-    return _fake_p2p(data, _gpu_count(gpus if gpus is not None else default_gpus, where),
-                     where, text)
-
-
-def _fake_p2p(data: Mapping[str, Any], count: int, where: str, text: str) -> NodeP2P:
+def _fake_p2p(data: Mapping[str, Any], count: int, where: str, text: str,
+              method: str) -> NodeP2P:
     raw = data.get("p2p", P2P_ALL)
     every = [(i, j) for i in range(count) for j in range(i + 1, count)]
     if raw == P2P_ALL:
@@ -410,4 +515,35 @@ def _fake_p2p(data: Mapping[str, Any], count: int, where: str, text: str) -> Nod
             driver = parse_driver(driver)
         except ValueError as exc:
             raise FakeNodeError(f"{where}: cuda_driver: {exc}") from None
-    return NodeP2P(count, without, driver, "fake", detail=f"{where}={text}")
+    return NodeP2P(count, without, driver, method, detail=f"{where}={text}")
+
+
+# --- A node's facts as JSON (the workers' per-node cache, check's probe actor) ----------
+
+def facts_from_record(kind: str, data: Dict[str, Any]) -> Any:
+    """``dataclasses.asdict`` of a ``NodeGpus`` (``gpus``), ``NodeFabric``
+    (``fabric``) or ``NodeP2P`` (``p2p``), read back. Fields this version
+    does not know are dropped."""
+    if kind == GPUS:
+        values = _known_fields(NodeGpus, data)
+        caps = values.get("capabilities")
+        values["capabilities"] = None if caps is None else tuple(tuple(c) for c in caps)
+        return NodeGpus(**values)
+    if kind == FABRIC:
+        values = _known_fields(NodeFabric, data)
+        gpus = values.get("gpus")
+        values["gpus"] = None if gpus is None else tuple(
+            GpuFabric(**_known_fields(GpuFabric, g)) for g in gpus)
+        return NodeFabric(**values)
+    if kind == P2P:
+        values = _known_fields(NodeP2P, data)
+        values["without"] = tuple(tuple(p) for p in values.get("without") or ())
+        driver = values.get("cuda_driver")
+        values["cuda_driver"] = None if driver is None else tuple(driver)
+        return NodeP2P(**values)
+    raise ValueError(f"unknown kind of node fact {kind!r}")
+
+
+def _known_fields(cls: type, data: Mapping[str, Any]) -> Dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in known}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Set, Tuple
 
 from .plugin import CLASS_PATH
-from .probe import FAKE_VARIABLE
+from .probe.common import FAKE_VARIABLE
 
 PLUGINS_VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
 # Every simulated node's raylet shares this machine's few cores. Under load

@@ -212,12 +212,10 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     from .agent import fact_kinds, write_decision
     from .decision import VIA_SETUP_HOOK
     from .errors import FieldValueError
-    from .fabric_probe import probe_fabric
     from .field import parse_field
     from .node import NodeFacts
-    from .p2p_probe import probe_p2p
-    from .packs import FABRIC, P2P
-    from .probe import probe_gpus
+    from .node import FABRIC, P2P
+    from .probe import probe_fabric, probe_gpus, probe_p2p
 
     text = _own_field_text(environ, node_environ)
     try:
@@ -285,7 +283,7 @@ def _job_runtime_env(worker: Any) -> Dict[str, Any]:
 
 def _node_cache(worker: Any, ray: Any) -> Any:
     """The node's cache in its Ray session folder (None where it cannot be had)."""
-    from .node_cache import NodeCache
+    from .cache import NodeCache
 
     try:
         return NodeCache(worker.node.get_session_dir_path(),

@@ -6,7 +6,7 @@ from typing import Mapping, Optional
 
 from ray_megatron_env.decision import Decision, decide_node
 from ray_megatron_env.engines import VARIABLE
-from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.node import NodeFacts
 from ray_megatron_env.spec import Spec
 

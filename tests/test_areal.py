@@ -18,8 +18,8 @@ from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.frameworks.areal import parse_allocation_mode, parse_backend
-from ray_megatron_env.gpus import NodeGpus
-from ray_megatron_env.probe import ProbeCache
+from ray_megatron_env.node import NodeGpus
+from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.frameworks.loading import load_spec, load_yaml
 from ray_megatron_env.runtime_env import build_runtime_env
 from ray_megatron_env.spec import ProcessRule

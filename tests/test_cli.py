@@ -349,3 +349,13 @@ def test_a_table_of_workers_classified_alike_leaves_the_classification_out():
     mixed = format_reports([report("a", "actor worker (x)", "plugin"),
                             report("b", "rollout process (y)", "plugin")])
     assert "actor worker (x): compute" in mixed and "rollout process (y): compute" in mixed
+
+
+def test_explain_takes_a_vendors_name_in_gpus_and_node_alike(capsys):
+    code = main(["explain", str(MEGATRON_YAML), "--gpus", "npu", "--node", '{"gpus": "npu"}',
+                 "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == OK and data["gpus"] == ["ascend"]
+    # verl's Megatron actor is TP=2 and nothing runs Megatron-LM's check:
+    # the Ascend row asks 1 as a preference (rules.md#non-cuda-accelerators).
+    assert data["value"] == "1"

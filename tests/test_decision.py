@@ -6,7 +6,7 @@ import pytest
 
 from ray_megatron_env.decision import Decision
 from ray_megatron_env.errors import FieldValueError
-from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.engines import FSDP, MEGATRON
 from ray_megatron_env.spec import Engine, Spec
 

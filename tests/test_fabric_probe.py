@@ -11,8 +11,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from ray_megatron_env import fabric_probe
-from ray_megatron_env.fabric_probe import imex_channel, parse_smi_fabric, probe_fabric
+from ray_megatron_env.probe import listings
+from ray_megatron_env.probe import imex_channel, parse_smi_fabric, probe_fabric
 from ray_megatron_env.node import (
     ABSENT, COMPLETED, FAKE_NODE_VARIABLE, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED,
     UNWRITABLE, WRITABLE, parse_fake_node,
@@ -181,7 +181,7 @@ def test_imex_channel_writable_unwritable_absent(tmp_path, monkeypatch):
     assert imex_channel(env) == WRITABLE
     # Tests run as root here, for whom os.access grants everything: the
     # worker's view of a channel it may not open is given by os.access.
-    monkeypatch.setattr(fabric_probe.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(listings.os, "access", lambda path, mode: False)
     assert imex_channel(env) == UNWRITABLE
 
 
@@ -233,14 +233,12 @@ def test_fake_gpus_alone_are_a_node_without_fabric():
 
 
 def test_probe_node_reads_the_fabric_only_for_packs_that_need_it():
-    from ray_megatron_env.fabric_probe import probe_node
-    from ray_megatron_env.field import parse_field
+    from ray_megatron_env.packs import get_pack
+    from ray_megatron_env.probe import probe_node
 
     environ = {FAKE_NODE_VARIABLE: '{"gpus": "9.0", "fabric": {"state": "not_started"}}'}
-    plain = parse_field({"engines": {}})
-    asked = parse_field({"engines": {}, "packs": ["nccl-fabric"]})
-    assert probe_node(plain, environ).fabric is None
-    facts = probe_node(asked, environ)
+    assert probe_node((), environ).fabric is None
+    facts = probe_node(get_pack("nccl-fabric").fact_kinds, environ)
     assert facts.gpus.capabilities == ((9, 0),) and facts.fabric.switched
 
 
@@ -300,7 +298,7 @@ DEGRADED = '{"nodes": {}, "status": "DEGRADED"}'
     ("Connection refused", None),
 ])
 def test_imex_domain_status_from_nvidia_imex_ctl(text, status):
-    from ray_megatron_env.fabric_probe import parse_imex_domain
+    from ray_megatron_env.probe import parse_imex_domain
 
     assert parse_imex_domain(text)[0] == status
 
@@ -356,3 +354,36 @@ def test_attached_is_nccls_condition_state_and_uuid_not_status():
     zero = parse_fake_node('{"gpus": "10.0", "fabric": {"state": "completed", "cluster_uuid": '
                            '"00000000-0000-0000-0000-000000000000"}}')[1]
     assert not zero.attached
+
+
+def test_without_nvidia_ml_py_the_fabric_is_read_through_rays_bundled_binding(monkeypatch):
+    # A node that has the package only through py_modules: no nvidia-ml-py,
+    # only the pynvml copy inside Ray. The GPUs and the fabric are read
+    # through the same binding; its driver calls are the only thing faked.
+    import sys
+
+    from ray._private.thirdparty import pynvml as bundled
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now fails
+    uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
+    driver = _FabricNvml([{"state": bundled.NVML_GPU_FABRIC_STATE_COMPLETED,
+                           "status": bundled.NVML_SUCCESS, "cliqueId": 1, "clusterUuid": uuid,
+                           "healthMask": 0}] * 2)
+    for call in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+                 "nvmlDeviceGetGpuFabricInfoV"):
+        monkeypatch.setattr(bundled, call, getattr(driver, call))
+    fabric = probe_fabric({ROOT_VARIABLE: "/nonexistent"}, imex_command=NO_SMI,
+                          smi_command=NO_SMI)
+    assert fabric.method == "nvml" and fabric.attached, fabric
+    assert [g.cluster_uuid for g in fabric.gpus] == ["3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01"] * 2
+
+
+def test_an_ascend_node_is_the_same_node_in_every_text_form():
+    # One reader of the GPU list: every vendor name is accepted wherever a
+    # GPU list is (issue 21: "npu" failed in the fake node and in --node).
+    from ray_megatron_env.node import FAKE_NODE_VARIABLE as NODE
+
+    for text in ({NODE: '{"gpus": "npu"}'}, {FAKE_VARIABLE: "npu"}, {NODE: '{"gpus": "ascend"}'}):
+        gpus = probe_gpus(text)
+        assert (gpus.capabilities, gpus.vendor, gpus.method) == ((), "ascend", "fake"), text
+    assert probe_fabric({NODE: '{"gpus": "npu"}'}).gpus == ()  # no NVIDIA GPU, no fabric

@@ -24,9 +24,9 @@ from ray_megatron_env.decision import Decision
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
 from ray_megatron_env.node import (
-    FAKE_NODE_VARIABLE, FakeNodeError, NodeFabric, parse_driver, parse_fake_node, parse_fake_p2p,
+    FAKE_NODE_VARIABLE, FakeNodeError, NodeFabric, parse_driver, parse_fake_node,
 )
-from ray_megatron_env.p2p_probe import probe_p2p
+from ray_megatron_env.probe import probe_p2p
 from ray_megatron_env.probe import FAKE_VARIABLE
 
 HOST, P2P_OFF, SHM_OFF = "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"
@@ -221,7 +221,7 @@ def test_an_explicit_list_missing_the_nodes_arch_says_so():
 def test_a_probe_that_failed_leaves_the_list_with_a_warning():
     from ray_megatron_env.decision import decide_node
     from ray_megatron_env.field import parse_field
-    from ray_megatron_env.gpus import NodeGpus
+    from ray_megatron_env.node import NodeGpus
     from ray_megatron_env.node import NodeFacts
 
     spec = parse_field({**MEGATRON_TP2, "packs": ["torch-arch"]})
@@ -274,17 +274,17 @@ def test_compact_form_and_build_runtime_env_take_both_packs():
 # --- node facts: the fake node ---------------------------------------------
 
 def test_fake_node_p2p_and_driver():
-    p2p = parse_fake_p2p(json.dumps({"gpus": "8.9,8.9,8.9", "p2p": [[2, 0], [1, 2]],
-                                     "cuda_driver": "12.8"}))
+    p2p = parse_fake_node(json.dumps({"gpus": "8.9,8.9,8.9", "p2p": [[2, 0], [1, 2]],
+                                     "cuda_driver": "12.8"})).p2p
     assert (p2p.count, p2p.without, p2p.cuda_driver) == (3, ((0, 2), (1, 2)), (12, 8))
-    assert parse_fake_p2p('{"gpus": "8.9,8.9,8.9", "p2p": "none"}').without == \
+    assert parse_fake_node('{"gpus": "8.9,8.9,8.9", "p2p": "none"}').p2p.without == \
         ((0, 1), (0, 2), (1, 2))
     # defaults: every pair has peer access; the driver not reported
-    default = parse_fake_p2p('{"gpus": "9.0,9.0"}')
+    default = parse_fake_node('{"gpus": "9.0,9.0"}').p2p
     assert (default.count, default.without, default.cuda_driver) == (2, (), None)
     # the GPUs from the fake GPU list when the record has none
-    assert parse_fake_p2p('{"p2p": "none"}', default_gpus="8.9,8.9").without == ((0, 1),)
-    assert parse_fake_p2p('{"p2p": "none"}').count == 0
+    assert parse_fake_node('{"p2p": "none"}', default_gpus="8.9,8.9").p2p.without == ((0, 1),)
+    assert parse_fake_node('{"p2p": "none"}').p2p.count == 0
 
 
 @pytest.mark.parametrize("facts,words", [
@@ -297,7 +297,7 @@ def test_fake_node_p2p_and_driver():
 ])
 def test_bad_fake_p2p_facts_are_named(facts, words):
     with pytest.raises(FakeNodeError, match=None) as info:
-        parse_fake_p2p(json.dumps(facts))
+        parse_fake_node(json.dumps(facts)).p2p
     assert words in str(info.value)
     # parse_fake_node checks the same keys: one error for any bad key
     with pytest.raises(FakeNodeError):
@@ -418,10 +418,10 @@ def test_rays_bundled_binding_has_both_calls():
 
 
 def test_the_node_caches_round_trip_the_facts(tmp_path):
-    from ray_megatron_env.node_cache import NodeCache
+    from ray_megatron_env.cache import NodeCache
 
     cache = NodeCache(str(tmp_path), "node1")
-    first = cache.get(lambda: parse_fake_p2p(L40S_OLD), "p2p")
+    first = cache.get(lambda: parse_fake_node(L40S_OLD).p2p, "p2p")
     again = cache.get(lambda: pytest.fail("probed twice"), "p2p")
     assert (again.count, again.without, again.cuda_driver) == \
         (first.count, first.without, first.cuda_driver) == (8, first.without, (12, 8))
@@ -436,19 +436,19 @@ def _decision_json(gpus):
 
 def test_check_names_nccl_host_mem_on_an_l40s_node_with_an_old_driver():
     fabric = json.dumps(NodeFabric((), "absent", "fake").to_dict())
-    p2p = json.dumps(parse_fake_p2p(L40S_OLD).to_dict())
+    p2p = json.dumps(parse_fake_node(L40S_OLD).p2p.to_dict())
     advice = _advice(fabric, _decision_json(L40S_8), "l40s", p2p, "{}")
     assert advice.startswith("nccl-host-mem would set NCCL_CUMEM_HOST_ENABLE=0 on node l40s: "
                              "8 NVIDIA GPU(s), no peer access")
     assert "packs=['nccl-host-mem']" in advice and "torch-arch" not in advice
     # driver 13.0: nothing to advise
-    p2p_new = json.dumps(parse_fake_p2p(L40S_NEW).to_dict())
+    p2p_new = json.dumps(parse_fake_node(L40S_NEW).p2p.to_dict())
     assert _advice(fabric, _decision_json(L40S_8), "l40s", p2p_new, "{}") is None
 
 
 def test_check_names_torch_arch_where_the_nodes_list_misses_its_gpus():
     fabric = json.dumps(NodeFabric((), "absent", "fake").to_dict())
-    p2p = json.dumps(parse_fake_p2p('{"gpus": "8.0"}').to_dict())
+    p2p = json.dumps(parse_fake_node('{"gpus": "8.0"}').p2p.to_dict())
     advice = _advice(fabric, _decision_json("8.0"), "a100", p2p,
                      json.dumps({ARCHS: "9.0 10.0"}))
     assert advice.startswith("torch-arch would set TORCH_CUDA_ARCH_LIST=8.0 on node a100")

@@ -19,10 +19,10 @@ from ray_megatron_env.engines import VARIABLE
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
 from ray_megatron_env.field import parse_field
-from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.node import NodeFacts, parse_fake_node
 from ray_megatron_env.packs import PACK_NAMES, read_packs
-from ray_megatron_env.probe import ProbeCache
+from ray_megatron_env.cache import ProbeCache
 
 MNNVL, NVLS, CUMEM = "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE"
 CLUSTER = "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01"
@@ -185,8 +185,7 @@ def test_an_explicit_value_a_required_row_disagrees_with_is_kept_with_a_warning(
 
 def test_an_inherited_value_a_row_disagrees_with_is_replaced():
     spec = parse_field({**MEGATRON_TP2, "packs": ["nccl-fabric"]})
-    gpus, fabric = parse_fake_node(HGX_NOT_READY)
-    facts = NodeFacts(NodeGpus.known([(9, 0), (9, 0)], "fake"), fabric)
+    facts = NodeFacts(NodeGpus.known([(9, 0), (9, 0)], "fake"), parse_fake_node(HGX_NOT_READY).fabric)
     result = decide_node(spec, facts, {}, {NVLS: "1"})
     assert result.write[NVLS] == "0"
     assert result.decision.packs[NVLS]["source"] == "policy"

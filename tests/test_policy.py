@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ray_megatron_env.explanation import parse_gpu_list
+from ray_megatron_env.node import parse_gpu_list
 from ray_megatron_env.field import parse_field
-from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.engines import ASSERTS, ENGINE_KINDS, MEGATRON
 from ray_megatron_env.packs.connections import (
     ANY, BLACKWELL_OR_NEWER, MUST_BE_1, NO_GPU, NON_CUDA, NOT_1, NOTHING, PRE_BLACKWELL, RULES,

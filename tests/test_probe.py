@@ -22,9 +22,9 @@ from typing import List, Optional, Tuple
 import pynvml
 import pytest
 
-from ray_megatron_env.gpus import NodeGpus
-from ray_megatron_env.probe import (FAKE_VARIABLE, METHOD_VARIABLE, ROOT_VARIABLE, ProbeCache,
-                                    probe_gpus)
+from ray_megatron_env.node import NodeGpus
+from ray_megatron_env.cache import ProbeCache
+from ray_megatron_env.probe import FAKE_VARIABLE, METHOD_VARIABLE, ROOT_VARIABLE, probe_gpus
 
 FAKE_SMI = [str(Path(__file__).parent / "fakes" / "nvidia-smi")]
 NO_SMI = ["/nonexistent/ray-megatron-env-tests/nvidia-smi"]

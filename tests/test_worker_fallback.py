@@ -13,10 +13,10 @@ import pytest
 
 from configs import FSDP_YAML, verl
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.gpus import NodeGpus
+from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.hook import driver_hook_skipped, HOOK_PATH
 from ray_megatron_env.job_submission import job_submission_env
-from ray_megatron_env.node_cache import NodeCache
+from ray_megatron_env.cache import NodeCache
 from ray_megatron_env.worker import (
     FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH,
     as_actor_env, chained, decide_in_worker, node_environment,
@@ -376,7 +376,7 @@ def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkey
 
 
 def test_the_workers_lists_of_names_match_the_cores():
-    from ray_megatron_env import node_cache, probe
+    from ray_megatron_env import cache, node
     from ray_megatron_env.packs import PACK_NAMES, get_pack
     from ray_megatron_env.packs import ALWAYS_ON
     from ray_megatron_env.worker import PACK_FACT_KINDS, PACK_VARIABLES
@@ -384,5 +384,4 @@ def test_the_workers_lists_of_names_match_the_cores():
     assert set(PACK_VARIABLES) == {v for name in PACK_NAMES for v in get_pack(name).variables}
     assert PACK_FACT_KINDS == {name: get_pack(name).fact_kinds for name in PACK_NAMES
                                if name not in ALWAYS_ON}
-    assert set(node_cache.KINDS) == {"gpus", "fabric", "p2p"} == set(node_cache.KNOWN_KEYS)
-    assert node_cache.RETRY_FAILED_AFTER_S == probe.RETRY_FAILED_AFTER_S
+    assert {node.GPUS, *node.FACT_KINDS} == set(cache.KNOWN_KEYS)

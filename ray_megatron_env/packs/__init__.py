@@ -33,6 +33,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
+from ..node import FABRIC
 from ..values import FIELD, read_names, show
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,10 +51,6 @@ TORCH_ARCH = "torch-arch"
 # name -> module under packs/; the first is always on.
 _MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",
             NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch"}
-# Kinds of node facts besides the GPUs, each probed only for a job whose
-# packs read it (Pack.fact_kinds): NVLink fabric, GPU peer access + driver.
-FABRIC, P2P = "fabric", "p2p"
-FACT_KINDS = (FABRIC, P2P)
 PACK_NAMES = tuple(_MODULES)
 ALWAYS_ON = (CUDA_CONNECTIONS,)
 OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)

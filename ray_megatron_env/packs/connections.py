@@ -34,14 +34,13 @@ from ..engines import (
     MEGATRON, MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, VARIABLE,
 )
 from ..errors import FieldValueError
-from ..node import NodeFacts
+from ..node import NodeFacts, NodeGpus
 from ..spec import Engine, Spec
 from ..values import parse_connections
 from . import (
     CUDA_CONNECTIONS, LEAVE, NONE, PREFERRED, REQUIRED, SET, Demand, Outcome, Pack, PackRow,
     PackVerdict,
 )
-from ..gpus import NodeGpus
 
 # GPU classes of a node, by its oldest GPU. A node with NVIDIA devices whose
 # capability could not be read is classed PRE_BLACKWELL: setting 1 where

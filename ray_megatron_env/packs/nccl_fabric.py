@@ -21,11 +21,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional, Tuple
 
-from ..node import IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
+from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from ..spec import Spec
 from . import (
-    FABRIC, KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack,
-    PackRow, PackVerdict,
+    KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
 
 MNNVL = "NCCL_MNNVL_ENABLE"

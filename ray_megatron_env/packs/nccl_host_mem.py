@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ..node import NodeFacts, NodeP2P, format_driver
+from ..node import P2P, NodeFacts, NodeP2P, format_driver
 from ..spec import Spec
 from . import (
-    KEEP, LEAVE, NCCL_HOST_MEM, NONE, P2P, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow,
-    PackVerdict,
+    KEEP, LEAVE, NCCL_HOST_MEM, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
 
 HOST = "NCCL_CUMEM_HOST_ENABLE"

@@ -22,8 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, List, Mapping, Optional, Tuple
 
-from ..gpus import Capability, format_capability
-from ..node import NodeFacts
+from ..node import Capability, NodeFacts, format_capability
 from ..spec import Spec
 from . import (
     KEEP, LEAVE, NONE, PREFERRED, REQUIRED, SET, TORCH_ARCH, Outcome, Pack, PackRow, PackVerdict,
