@@ -233,7 +233,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_runtime_env(args: argparse.Namespace) -> int:
-    from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
+    from .hook import TAKE_OVER_VARIABLE
     from .job_submission import job_submission_env
     from .rules import VARIABLE
     from .runtime_env import build_runtime_env, configured_value, load_yaml, to_plain
@@ -260,13 +260,9 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
               "as an explicit value, so the job env leaves it to the driver", file=sys.stderr)
     elif args.take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
         # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
-        # value in ray.init; the hook takes that over too.
-        env_vars = env.setdefault("env_vars", {})
-        existing = env_vars.get("RAY_RUNTIME_ENV_HOOK")
-        if existing and existing != HOOK_PATH:
-            env_vars[NEXT_HOOK_VARIABLE] = existing
-        env_vars["RAY_RUNTIME_ENV_HOOK"] = HOOK_PATH
-        env_vars[TAKE_OVER_VARIABLE] = "1"
+        # value in ray.init; the driver hook (which every submitted env
+        # sets: job_submission_env) takes that over too.
+        env.setdefault("env_vars", {})[TAKE_OVER_VARIABLE] = "1"
     env, notes = job_submission_env(env, framework)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

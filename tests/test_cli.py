@@ -215,7 +215,8 @@ def test_runtime_env_leaves_a_value_set_in_the_config_to_verls_driver(capsys, tm
     code, out, err = run(capsys, "runtime-env", config, "--base", base, "--take-over")
     env_vars = yaml.safe_load(out)["env_vars"]
     assert code == OK and "CUDA_DEVICE_MAX_CONNECTIONS" not in env_vars
-    assert TAKE_OVER_VARIABLE not in env_vars and "RAY_RUNTIME_ENV_HOOK" not in env_vars
+    # Nothing to take over; the driver hook is there as in every submitted env.
+    assert TAKE_OVER_VARIABLE not in env_vars and env_vars["RAY_RUNTIME_ENV_HOOK"] == HOOK_PATH
     assert "sets CUDA_DEVICE_MAX_CONNECTIONS=4 itself" in err
 
 
