@@ -384,7 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "merged with the plugins already in the environment.")
     register.add_argument("--priority", type=int, help="plugin priority 0..100 "
                                                        "(default: the class's, 90)")
-    register.add_argument("--format", choices=("shell", "json", "kuberay"), default="shell")
+    register.add_argument("--format", choices=("shell", "json", "kuberay", "kuberay-operator"),
+                          default="shell",
+                          help="shell: an export line; json: the list; kuberay: a RayCluster "
+                               "container env stanza; kuberay-operator: helm values for the "
+                               "kuberay-operator chart (KubeRay 1.5+), for every RayCluster")
     register.set_defaults(run=cmd_register)
 
     runtime_env = verbs.add_parser(
