@@ -31,7 +31,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from contextlib import ExitStack
 from pathlib import Path
