@@ -262,7 +262,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_runtime_env(args: argparse.Namespace) -> int:
-    from .hook import HOOK_PATH, NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
+    from .hook import TAKE_OVER_VARIABLE
     from .job_submission import job_submission_env
     from .engines import VARIABLE
     from .frameworks.loading import load_yaml, to_plain
@@ -290,13 +290,9 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
               "as an explicit value, so the job env leaves it to the driver", file=sys.stderr)
     elif args.take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
         # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
-        # value in ray.init; the hook takes that over too.
-        env_vars = env.setdefault("env_vars", {})
-        existing = env_vars.get("RAY_RUNTIME_ENV_HOOK")
-        if existing and existing != HOOK_PATH:
-            env_vars[NEXT_HOOK_VARIABLE] = existing
-        env_vars["RAY_RUNTIME_ENV_HOOK"] = HOOK_PATH
-        env_vars[TAKE_OVER_VARIABLE] = "1"
+        # value in ray.init; the driver hook (which every submitted env
+        # sets: job_submission_env) takes that over too.
+        env.setdefault("env_vars", {})[TAKE_OVER_VARIABLE] = "1"
     env, notes = job_submission_env(env, framework)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -425,7 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "merged with the plugins already in the environment.")
     register.add_argument("--priority", type=int, help="plugin priority 0..100 "
                                                        "(default: the class's, 90)")
-    register.add_argument("--format", choices=("shell", "json", "kuberay"), default="shell")
+    register.add_argument("--format", choices=("shell", "json", "kuberay", "kuberay-operator"),
+                          default="shell",
+                          help="shell: an export line; json: the list; kuberay: a RayCluster "
+                               "container env stanza; kuberay-operator: helm values for the "
+                               "kuberay-operator chart (KubeRay 1.5+), for every RayCluster")
     register.set_defaults(run=cmd_register)
 
     runtime_env = verbs.add_parser(

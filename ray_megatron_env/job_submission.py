@@ -25,18 +25,40 @@ The setup hook (the worker-side fallback) goes in as the top-level
 ``worker_process_setup_hook`` string, which ``ray job submit`` accepts; the
 field itself reaches it through the job's config, so the submitted env has
 no copy of it in ``env_vars``.
+
+A driver may pass a ``worker_process_setup_hook`` of its own to ``ray.init``
+(any script; a framework may add one). Ray then refuses the merge (the same
+top-level field twice), or, with ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1``, keeps
+the driver's and drops ours without a word. So every submitted env also
+sets, for the job's driver process (a submitted env's ``env_vars`` are in
+its environment):
+
+* ``RAY_RUNTIME_ENV_HOOK=ray_megatron_env.hook.runtime_env_hook``: Ray calls
+  it in ``ray.init`` on the merged env, before anything is uploaded or any
+  worker starts (``ray/_private/worker.py``, ``init``: the merge with
+  ``RAY_JOB_CONFIG_JSON_ENV_VAR``'s env, then the hook; Ray 2.41 to 2.60),
+  and it puts ours first again, the driver's hook after it
+  (``hook.complete_submitted_env``);
+* ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1``, so that Ray merges at all, and
+  ``RAY_MEGATRON_ENV_MERGE``: ``strict`` unless the base asked for Ray's
+  override itself (or the driver is NeMo-RL's): the hook then refuses what
+  Ray's own merge would have refused (a key both set to different values),
+  naming it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
+from .hook import (
+    DRIVER_HOOK_VARIABLE, HOOK_PATH, MERGE_OVERRIDE, MERGE_STRICT, MERGE_VARIABLE,
+    NEXT_HOOK_VARIABLE, OVERRIDE_VARIABLE,
+)
 from .worker import FIELD_VARIABLE
 
 # verl's driver sets these whatever the driver's environment holds.
 VERL_ALWAYS_SET = ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "VERL_RL_INSIGHT_ENABLE",
                    "NVTX_INJECTION64_PATH")
-OVERRIDE_VARIABLE = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 
 
 def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, Any], List[str]]:
@@ -46,6 +68,12 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
     env_vars = dict(out.get("env_vars") or {})
     env_vars.pop(FIELD_VARIABLE, None)
     notes: List[str] = []
+    # The driver hook, in front of one the base already had.
+    existing = env_vars.get(DRIVER_HOOK_VARIABLE)
+    if existing and existing != HOOK_PATH:
+        env_vars[NEXT_HOOK_VARIABLE] = existing
+    env_vars[DRIVER_HOOK_VARIABLE] = HOOK_PATH
+    asked = env_vars.get(OVERRIDE_VARIABLE) == "1"
     if framework == "verl":
         clash = sorted(set(env_vars) & set(VERL_ALWAYS_SET))
         if clash:
@@ -54,14 +82,13 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
                          "set them in the config or the driver's shell instead")
         for key in clash:
             env_vars.pop(key)
-    elif framework == "nemo-rl" and env_vars:
-        env_vars[OVERRIDE_VARIABLE] = "1"
+    elif framework == "nemo-rl" and not asked:
+        asked = True
         notes.append(f"NeMo-RL's driver passes its whole environment as env_vars to ray.init, "
-                     f"so every submitted env_vars key collides; {OVERRIDE_VARIABLE}=1 is added "
-                     "so that Ray lets the driver's env win the merge (it holds these "
-                     "variables too)")
-    if env_vars:
-        out["env_vars"] = env_vars
-    else:
-        out.pop("env_vars", None)
+                     f"so every submitted env_vars key collides; {MERGE_VARIABLE}="
+                     f"{MERGE_OVERRIDE} lets the driver's env win the merge, as "
+                     f"{OVERRIDE_VARIABLE}=1 does (it holds these variables too)")
+    env_vars[OVERRIDE_VARIABLE] = "1"
+    env_vars[MERGE_VARIABLE] = MERGE_OVERRIDE if asked else MERGE_STRICT
+    out["env_vars"] = env_vars
     return out, notes

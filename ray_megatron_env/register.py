@@ -14,7 +14,7 @@ from .errors import RegistrationError
 from .plugin import CLASS_PATH, MegatronEnvPlugin
 
 VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
-FORMATS = ("shell", "json", "kuberay")
+FORMATS = ("shell", "json", "kuberay", "kuberay-operator")
 
 
 def merged_plugins(existing: Optional[str], priority: Optional[int] = None) -> List[Dict[str, Any]]:
@@ -52,5 +52,24 @@ def render(plugins: List[Dict[str, Any]], fmt: str) -> str:
             "env:",
             f"  - name: {VARIABLE}",
             f"    value: {json.dumps(value)}",
+        ])
+    if fmt == "kuberay-operator":
+        # The kuberay-operator chart (KubeRay 1.5+): configuration.defaultContainerEnvs
+        # goes into the operator's ConfigMap, which the chart renders only with
+        # configuration.enabled (templates/configmap.yaml); the operator adds
+        # each variable to the Ray container of every pod of every RayCluster
+        # that does not set that name itself (common/pod.go, setContainerEnvVars).
+        return "\n".join([
+            "# Helm values for the kuberay-operator chart (KubeRay 1.5+): every Ray container of",
+            "# every RayCluster this operator manages gets the variable, unless the RayCluster",
+            "# sets RAY_RUNTIME_ENV_PLUGINS itself (then its own value wins, nothing is merged).",
+            "# helm upgrade --install kuberay-operator kuberay/kuberay-operator -f THIS_FILE",
+            f"# (plugin: {CLASS_PATH}; without a priority in the list, its class's "
+            f"{MegatronEnvPlugin.priority} applies)",
+            "configuration:",
+            "  enabled: true",
+            "  defaultContainerEnvs:",
+            f"    - name: {VARIABLE}",
+            f"      value: {json.dumps(value)}",
         ])
     raise RegistrationError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

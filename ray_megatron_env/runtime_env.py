@@ -90,7 +90,8 @@ def _add_setup_hook(env: Dict[str, Any]) -> None:
     already had. Ray runs the hook only from the job's env (ray.init); in an
     actor's or task's env it ignores it, and the job env's hook, which
     reaches those workers through env_vars, reads their own field."""
-    from .worker import FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, chained
+    from .worker import (FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, chained,
+                         next_setup_hooks)
 
     env_vars = env.get("env_vars")
     if env_vars is None:
@@ -102,7 +103,11 @@ def _add_setup_hook(env: Dict[str, Any]) -> None:
     if theirs is None or theirs == SETUP_HOOK_PATH:
         env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
     elif isinstance(theirs, str):
-        env_vars[NEXT_SETUP_HOOK_VARIABLE] = theirs
+        # After any hook already chained (a submitted env's own, when a
+        # job's driver brings another: hook.complete_submitted_env).
+        hooks = next_setup_hooks(env_vars)
+        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join(
+            hooks if theirs in hooks else [*hooks, theirs])
         env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
     elif callable(theirs):
         env[SETUP_HOOK_FIELD] = chained(theirs)

@@ -38,7 +38,9 @@ SETUP_HOOK_PATH = "ray_megatron_env.worker.setup_hook"
 # job's here (Ray merges env_vars key by key), so the hook sees the field of
 # the worker's own runtime env; Ray gives a setup hook no other view of it.
 FIELD_VARIABLE = "RAY_MEGATRON_ENV_FIELD"
-# A setup hook the job had before ours, run after ours ('module.function').
+# Setup hooks the job had besides ours, run after ours, in order
+# ('module.function', comma-separated: the submitted env's own, then one a
+# job's driver passed to ray.init; see hook.complete_submitted_env).
 NEXT_SETUP_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_SETUP_HOOK"
 # Ray's own carrier of a setup hook to a worker (ray_constants
 # WORKER_PROCESS_SETUP_HOOK_ENV_VAR, the same name from Ray 2.41 to 2.60):
@@ -59,8 +61,10 @@ def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Deci
 
 def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
     """Ray's ``worker_process_setup_hook``: decide here unless the plugin did,
-    then run the job's own hook, if it had one. A bad field raises, as it
-    fails the worker through the plugin; a probe problem never does."""
+    then run the job's own hooks: those named in RAY_MEGATRON_ENV_NEXT_SETUP_HOOK,
+    in order, then ``then`` (a driver's callable hook, see ``chained``). A
+    bad field raises, as it fails the worker through the plugin; a probe
+    problem never does."""
     try:
         node_environ = node_environment()
         if not plugin_decided(os.environ, node_environ):
@@ -72,7 +76,8 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
                         _node_cache(worker, ray), lambda: _logger(worker),
                         job_env_vars=job_env.get("env_vars") or {})
     finally:
-        then = then or _next_setup_hook()
+        for hook in _next_setup_hooks():
+            hook()
         if then is not None:
             then()
 
@@ -166,13 +171,31 @@ def plugin_decided(environ: Mapping[str, str], node_environ: Optional[Mapping[st
     return bool(value) and (node_environ is None or node_environ.get(DECISION_VARIABLE) != value)
 
 
+CHAINED_PREFIX = "megatron_env_then_"
+
+
 def chained(then: Callable[[], Any]) -> Callable[[], None]:
-    """A setup hook that runs ours, then ``then`` (a user's callable hook)."""
+    """A setup hook that runs ours, then ``then`` (a user's callable hook).
+    Its name says so (Ray records a callable hook by its ``__name__``)."""
+    if is_chained(then):
+        return then  # already ours first
+
     def megatron_env_setup_hook() -> None:
         setup_hook(then)
 
-    megatron_env_setup_hook.__name__ = f"megatron_env_then_{getattr(then, '__name__', 'hook')}"
+    megatron_env_setup_hook.__name__ = f"{CHAINED_PREFIX}{getattr(then, '__name__', 'hook')}"
     return megatron_env_setup_hook
+
+
+def is_chained(hook: Any) -> bool:
+    """A callable made by ``chained``: it runs this package's hook first."""
+    return callable(hook) and getattr(hook, "__name__", "").startswith(CHAINED_PREFIX)
+
+
+def next_setup_hooks(environ: Mapping[str, str]) -> list:
+    """The hooks named in RAY_MEGATRON_ENV_NEXT_SETUP_HOOK, in order."""
+    text = environ.get(NEXT_SETUP_HOOK_VARIABLE, "")
+    return [path.strip() for path in text.split(",") if path.strip()]
 
 
 def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
@@ -317,9 +340,9 @@ def _logger(worker: Any) -> logging.Logger:
     return logger
 
 
-def _next_setup_hook() -> Optional[Callable[[], Any]]:
-    path = os.environ.get(NEXT_SETUP_HOOK_VARIABLE, "").strip()
-    if not path:
-        return None
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+def _next_setup_hooks() -> list:
+    hooks = []
+    for path in next_setup_hooks(os.environ):
+        module, _, name = path.rpartition(".")
+        hooks.append(getattr(importlib.import_module(module), name))
+    return hooks

@@ -142,6 +142,23 @@ def test_register_formats(capsys, monkeypatch):
     assert json.loads(stanza["value"]) == [{"class": "acme.Plugin"}, PLUGIN]
 
 
+def test_register_for_the_kuberay_operator_prints_its_charts_values(capsys, monkeypatch):
+    # The kuberay-operator chart's keys (KubeRay 1.5+, helm-chart/kuberay-operator/
+    # values.yaml): configuration.defaultContainerEnvs, rendered into the
+    # operator's ConfigMap only with configuration.enabled (templates/configmap.yaml).
+    monkeypatch.delenv("RAY_RUNTIME_ENV_PLUGINS", raising=False)
+    code, out, _ = run(capsys, "register", "--format", "kuberay-operator")
+    values = yaml.safe_load(out)
+    assert code == OK and values == {"configuration": {"enabled": True, "defaultContainerEnvs": [
+        {"name": "RAY_RUNTIME_ENV_PLUGINS", "value": json.dumps([PLUGIN])}]}}
+    # Merged with the operator's own plugin list, as the other formats are.
+    monkeypatch.setenv("RAY_RUNTIME_ENV_PLUGINS", '[{"class": "acme.Plugin", "priority": 20}]')
+    _, out, _ = run(capsys, "register", "--format", "kuberay-operator", "--priority", "95")
+    env, = yaml.safe_load(out)["configuration"]["defaultContainerEnvs"]
+    assert json.loads(env["value"]) == [{"class": "acme.Plugin", "priority": 20},
+                                        {**PLUGIN, "priority": 95}]
+
+
 @pytest.mark.parametrize("existing,priority,words", [
     ("not json", None, ["not JSON", "no plugin in it is lost"]),
     ('{"class": "x"}', None, ["not a JSON list"]),
@@ -215,7 +232,8 @@ def test_runtime_env_leaves_a_value_set_in_the_config_to_verls_driver(capsys, tm
     code, out, err = run(capsys, "runtime-env", config, "--base", base, "--take-over")
     env_vars = yaml.safe_load(out)["env_vars"]
     assert code == OK and "CUDA_DEVICE_MAX_CONNECTIONS" not in env_vars
-    assert TAKE_OVER_VARIABLE not in env_vars and "RAY_RUNTIME_ENV_HOOK" not in env_vars
+    # Nothing to take over; the driver hook is there as in every submitted env.
+    assert TAKE_OVER_VARIABLE not in env_vars and env_vars["RAY_RUNTIME_ENV_HOOK"] == HOOK_PATH
     assert "sets CUDA_DEVICE_MAX_CONNECTIONS=4 itself" in err
 
 

@@ -285,9 +285,14 @@ def test_a_uv_run_driver_is_warned_that_ray_skips_the_driver_hook(monkeypatch):
     assert driver_hook_skipped({"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}) is None
 
 
+# What every submitted env sets for its driver (hook.complete_submitted_env).
+DRIVER_SIDE = {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
+               "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "RAY_MEGATRON_ENV_MERGE": "strict"}
+
+
 def test_the_job_submission_env_has_no_field_copy_in_env_vars():
     env, notes = job_submission_env(build_runtime_env(FSDP_YAML), "verl")
-    assert "env_vars" not in env and notes == []
+    assert env["env_vars"] == DRIVER_SIDE and notes == []
     assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH and "megatron_env" in env
 
 
@@ -295,14 +300,21 @@ def test_the_job_submission_env_for_nemo_rl_lets_its_driver_win_the_merge():
     # NeMo-RL's init_ray passes its whole environment as env_vars: every
     # submitted env_vars key would collide.
     env, notes = job_submission_env({"megatron_env": {}, "env_vars": {"A": "1"}}, "nemo-rl")
-    assert env["env_vars"] == {"A": "1", "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+    assert env["env_vars"] == {"A": "1", **DRIVER_SIDE, "RAY_MEGATRON_ENV_MERGE": "override"}
     assert "whole environment" in notes[0]
+
+
+def test_a_base_that_asks_for_rays_override_gets_it_and_a_driver_hook_moves_next():
+    env, notes = job_submission_env({"env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
+                                                  "RAY_RUNTIME_ENV_HOOK": "acme.hook"}}, "verl")
+    assert env["env_vars"] == {**DRIVER_SIDE, "RAY_MEGATRON_ENV_MERGE": "override",
+                               "RAY_MEGATRON_ENV_NEXT_HOOK": "acme.hook"} and notes == []
 
 
 def test_the_job_submission_env_leaves_out_what_verls_driver_always_sets():
     env, notes = job_submission_env({"env_vars": {"VERL_FULL_DETERMINISM": "1", "A": "b"}},
                                     "verl")
-    assert env["env_vars"] == {"A": "b"} and "VERL_FULL_DETERMINISM" in notes[0]
+    assert env["env_vars"] == {"A": "b", **DRIVER_SIDE} and "VERL_FULL_DETERMINISM" in notes[0]
 
 
 # A GB200 tray in a multi-node NVLink domain, no IMEX channel in the container

@@ -1,0 +1,294 @@
+"""`ray job submit` end to end, as a user who cannot touch the cluster runs it.
+
+A head started with `ray start --head` and its dashboard (Ray's job server),
+worker nodes started with `ray start`, none of them with this package
+installed (tests/fakes/not_installed hides it) or the plugin registered;
+GPUs faked per node. Each job is submitted with
+`ray job submit --runtime-env FILE --working-dir DIR -- python driver.py SHAPE`,
+FILE written by `ray-megatron-env runtime-env CONFIG --ship-package`. The
+drivers are of the shapes the frameworks have (verl: its own env_vars;
+NeMo-RL: its whole environment; a driver with its own setup hook, a string
+and a callable), each with and without RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the
+job env, all on the same nodes, one after another.
+
+Expected values are the rule table's (docs/rules.md), not the package's:
+the actor and ref of verl's Megatron TP=2 example
+(ray_megatron_env/examples/verl_megatron.yaml) ask 1 before Blackwell
+(megatron-model-parallel), nothing on B200 (megatron-blackwell) or on a
+node without a GPU (no-gpu).
+
+One cluster for the module, one task per node per job. Marked slow: the
+README's command leaves it to .ci/run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from configs import MEGATRON_YAML
+from jobs import driver_environment
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROOT = Path(__file__).parent.parent
+FAKES = Path(__file__).parent / "fakes"
+BIN = Path(sys.executable).parent
+# name -> RAY_MEGATRON_ENV_FAKE_GPUS; the first is the head.
+NODES = {"head": "none", "h100": "9.0", "a100": "8.0", "b200": "10.0"}
+# From the rule table, for a verl Megatron TP=2 job: value, per node.
+EXPECTED = {"head": None, "h100": "1", "a100": "1", "b200": None}
+# Every port a node listens on that Ray would otherwise take from a fixed
+# default (52365 for the dashboard agent, 10001 for the client server) or
+# pick in Python (2.41), where two nodes on one host can collide.
+NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
+              "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port",
+              "--metrics-export-port")
+HEAD_PORTS = ("--port", "--dashboard-port", "--ray-client-server-port")
+HEALTH_CHECK = '{"health_check_period_ms": 3000, "health_check_failure_threshold": 40}'
+
+DRIVER = r'''
+import json, os, sys, ray
+
+shape = sys.argv[1]
+
+def mark():
+    os.environ["USER_HOOK_RAN"] = "callable:" + (
+        "after" if "RAY_MEGATRON_ENV_DECISION" in os.environ else "before")
+
+env_vars = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN"}
+if shape == "verl":          # its own env_vars (verl's get_ppo_ray_runtime_env)
+    ray.init(runtime_env={"env_vars": env_vars})
+elif shape == "nemo-rl":     # its whole environment (NeMo-RL's init_ray)
+    ray.init(address="auto", runtime_env={"env_vars": dict(os.environ)})
+elif shape == "hook-string":
+    ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": "userhook.mark"})
+elif shape == "hook-callable":
+    ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": mark})
+elif shape == "nemo-rl-hook":
+    ray.init(address="auto", runtime_env={"env_vars": dict(os.environ),
+                                          "worker_process_setup_hook": "userhook.mark"})
+elif shape == "clash":       # a key the job env also sets, to another value
+    ray.init(runtime_env={"env_vars": {"NCCL_DEBUG": "INFO"}})
+print("CONNECTED", flush=True)
+
+@ray.remote(num_cpus=0)
+def seen():
+    import ray_megatron_env
+    d = ray_megatron_env.read_decision()
+    return {"value": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "via": d.via if d else None, "decided": d is not None,
+            "hook": os.environ.get("USER_HOOK_RAN"), "pid": os.getpid()}
+
+names = sys.argv[2].split(",")
+refs = [seen.options(resources={"rme_" + n: 1}).remote() for n in names]
+print("RESULT " + json.dumps(dict(zip(names, ray.get(refs, timeout=120)))), flush=True)
+'''
+
+USER_HOOK = '''
+import os
+
+
+def mark():
+    os.environ["USER_HOOK_RAN"] = "string:" + (
+        "after" if "RAY_MEGATRON_ENV_DECISION" in os.environ else "before")
+'''
+
+
+def _free_ports(count):
+    with ExitStack() as held:  # held open until all are picked: all differ
+        socks = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+class JobCluster:
+    """A head with the dashboard and worker nodes, each started with `ray start`
+    in its own environment; stopped by killing exactly the processes that
+    carry this cluster's RAY_TMPDIR (never `ray stop`, which stops every Ray
+    on the machine)."""
+
+    def __init__(self) -> None:
+        self.tmpdir = tempfile.mkdtemp(prefix="rme-js-", dir="/tmp")
+        self.gcs_port = self.dashboard_port = None
+
+    def environment(self, gpus):
+        from conftest import NOT_INSTALLED, SESSION_VARIABLE
+
+        env = driver_environment()
+        for name in ("RAY_ADDRESS", "RAY_RUNTIME_ENV_PLUGINS", "RAY_OVERRIDE_JOB_RUNTIME_ENV"):
+            env.pop(name, None)
+        env.update(NOT_INSTALLED)
+        env.update({"RAY_TMPDIR": self.tmpdir, "RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
+                    "RAY_worker_maximum_startup_concurrency": "1",
+                    "RAY_USAGE_STATS_ENABLED": "0",
+                    SESSION_VARIABLE: os.environ.get(SESSION_VARIABLE, "")})
+        return env
+
+    def start(self):
+        try:
+            for i, (name, gpus) in enumerate(NODES.items()):
+                ports = _free_ports(len(NODE_PORTS) + (len(HEAD_PORTS) if i == 0 else 0))
+                args = [str(BIN / "ray"), "start", "--num-cpus=1", "--disable-usage-stats",
+                        f"--resources={json.dumps({'rme_' + name: 100})}",
+                        "--object-store-memory=80000000"]
+                args += [f"{flag}={port}" for flag, port in zip(NODE_PORTS, ports)]
+                if i == 0:
+                    self.gcs_port, self.dashboard_port, client = ports[len(NODE_PORTS):]
+                    args += ["--head", f"--port={self.gcs_port}",
+                             f"--dashboard-port={self.dashboard_port}",
+                             f"--ray-client-server-port={client}", "--include-dashboard=true",
+                             "--dashboard-host=127.0.0.1", f"--temp-dir={self.tmpdir}/ray",
+                             f"--system-config={HEALTH_CHECK}"]
+                else:
+                    args += [f"--address=127.0.0.1:{self.gcs_port}"]
+                done = subprocess.run(args, env=self.environment(gpus), capture_output=True,
+                                      text=True, timeout=120)
+                assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            self._wait_for_nodes()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_for_nodes(self):
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run([str(BIN / "ray"), "list", "nodes", "--format=json",
+                                  f"--address=http://127.0.0.1:{self.dashboard_port}"],
+                                 capture_output=True, text=True, env=self.environment("none"))
+            try:
+                alive = [n for n in json.loads(out.stdout) if n.get("state") == "ALIVE"]
+            except ValueError:
+                alive = []
+            if len(alive) == len(NODES):
+                return
+            assert time.monotonic() < deadline, out.stdout[-2000:] + out.stderr[-2000:]
+            time.sleep(1)
+
+    def submit(self, job_env, workdir, shape, nodes=tuple(NODES)):
+        """Submit one job; (exit code, everything the job printed)."""
+        env = self.environment("none")
+        done = subprocess.run(
+            [str(BIN / "ray"), "job", "submit",
+             f"--address=http://127.0.0.1:{self.dashboard_port}",
+             f"--runtime-env={job_env}", f"--working-dir={workdir}", "--",
+             "python", "driver.py", shape, ",".join(nodes)],
+            env=env, capture_output=True, text=True, timeout=240)
+        return done.returncode, done.stdout + done.stderr
+
+    def stop(self):
+        """SIGTERM, then SIGKILL after 5 s, every process of this cluster,
+        until none has been seen for three scans in a row (a raylet may start
+        an agent again while it is being stopped)."""
+        from ray_megatron_env.simulation import ray_processes
+
+        ours = f"RAY_TMPDIR={self.tmpdir}"
+        started = time.monotonic()
+        quiet = 0
+        while quiet < 3 and time.monotonic() - started < 60:
+            left = ray_processes(ours)
+            quiet = 0 if left else quiet + 1
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGTERM if time.monotonic() - started < 5
+                            else signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def job_cluster(no_cluster):
+    cluster = JobCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("job")
+    (folder / "driver.py").write_text(DRIVER)
+    (folder / "userhook.py").write_text(USER_HOOK)
+    return folder
+
+
+def job_env(tmp_path_factory, override):
+    """`ray-megatron-env runtime-env CONFIG --ship-package`, with a base
+    that sets RAY_OVERRIDE_JOB_RUNTIME_ENV=1 (NeMo-RL's default_runtime_env.yaml
+    does) or a base that sets another variable only."""
+    folder = tmp_path_factory.mktemp("env")
+    base = folder / "base.yaml"
+    env_vars = {"NCCL_DEBUG": "WARN", **({"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"} if override else {})}
+    base.write_text(json.dumps({"env_vars": env_vars}))
+    # --role: no process rules. verl's would read a NeMo-RL-style driver's
+    # workers as rollout workers: the whole environment it passes holds the
+    # job supervisor's RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1, one of
+    # verl's rollout markers.
+    made = subprocess.run([str(BIN / "ray-megatron-env"), "runtime-env", str(MEGATRON_YAML),
+                           "--role", "actor,ref", "--base", str(base), "--ship-package"],
+                          capture_output=True, text=True, env=driver_environment())
+    assert made.returncode == 0, made.stderr
+    path = folder / "runtime_env.yaml"
+    path.write_text(made.stdout)
+    return path
+
+
+@pytest.fixture(scope="module")
+def job_envs(tmp_path_factory):
+    return {override: job_env(tmp_path_factory, override) for override in (False, True)}
+
+
+def result(output):
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert lines, output[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+SHAPES = {  # shape -> what the driver's own hook leaves in each worker
+    "verl": None, "nemo-rl": None, "hook-string": "string:after",
+    "hook-callable": "callable:after", "nemo-rl-hook": "string:after"}
+
+
+def test_jobs_in_a_row_get_every_nodes_value_and_the_drivers_own_hook(job_cluster, workdir,
+                                                                     job_envs):
+    runs = []
+    for override in (False, True):
+        for shape, hook in SHAPES.items():
+            code, output = job_cluster.submit(job_envs[override], workdir, shape)
+            assert code == 0, (shape, override, output[-4000:])
+            got = result(output)
+            runs.append((shape, override, got))
+            # Every worker decided (no plugin anywhere: the setup hook), its
+            # node's value, and the driver's own hook ran after ours.
+            assert {n: (w["value"], w["via"], w["hook"]) for n, w in got.items()} == {
+                n: (EXPECTED[n], "setup-hook", hook) for n in NODES}, (shape, override)
+    assert len(runs) == 2 * len(SHAPES)
+
+
+def test_a_real_conflict_fails_before_any_worker_starts_and_names_the_fix(job_cluster, workdir,
+                                                                          job_envs):
+    # The job env sets NCCL_DEBUG=WARN, the driver NCCL_DEBUG=INFO: Ray itself
+    # would refuse that merge, and so does the job env, naming the key and
+    # the line that lets the driver's value win.
+    code, output = job_cluster.submit(job_envs[False], workdir, "clash")
+    assert code != 0
+    assert "env_vars.NCCL_DEBUG" in output and "RAY_MEGATRON_ENV_MERGE: override" in output
+    assert "CONNECTED" not in output and "RESULT " not in output
+    # With Ray's override asked for in the job env, the driver's value wins.
+    code, output = job_cluster.submit(job_envs[True], workdir, "clash")
+    assert code == 0, output[-4000:]
+    assert {n: w["value"] for n, w in result(output).items()} == EXPECTED
