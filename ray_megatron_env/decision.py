@@ -12,6 +12,7 @@ what the CLI prints.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
@@ -23,6 +24,7 @@ from .packs import (
     canonical, get_pack,
 )
 from .spec import Spec
+from .values import FIELD
 
 DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
 
@@ -149,6 +151,21 @@ class Decision:
         if self.packs:
             out["packs"] = self.packs
         return out
+
+    def log_lines(self) -> List[Tuple[int, str]]:
+        """The node log's lines: each variable, its value and why, then each
+        warning (``CUDA_DEVICE_MAX_CONNECTIONS``'s first, with the GPUs)."""
+        lines = []
+        for name, entry in self.variables.items():
+            shown = entry.value if entry.value is not None else "unset"
+            if name == VARIABLE:
+                lines.append((logging.INFO, f"{FIELD}: {name}={shown} (source: {entry.source}; "
+                                            f"via: {self.via}; GPUs: {self.gpus}): {self.reason}"))
+            else:
+                lines.append((logging.INFO, f"{FIELD}: {name}={shown} (pack {entry.pack}, "
+                                            f"{entry.action}, {entry.strength}; source: "
+                                            f"{entry.source}; via: {self.via}): {entry.reason}"))
+        return lines + [(logging.WARNING, f"{FIELD}: {warning}") for warning in self.warnings]
 
     def to_json(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -297,10 +314,15 @@ class NodeDecision:
     write: Dict[str, str]
     remove: Tuple[str, ...]
 
-    def apply(self, env_vars: MutableMapping[str, str]) -> None:
+    def apply(self, env_vars: MutableMapping[str, str],
+              logger: Optional[logging.Logger] = None) -> None:
+        """Write the worker's variables into ``env_vars``, and log the
+        decision (both ways in do this, the same way)."""
         for name in self.remove:
             env_vars.pop(name, None)
         env_vars.update(self.write)
+        for level, line in self.decision.log_lines() if logger is not None else ():
+            logger.log(level, "%s", line)
 
     def env(self) -> Dict[str, str]:
         """The variables written, without the record."""

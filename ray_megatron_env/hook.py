@@ -34,10 +34,10 @@ import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import EnvironmentVariableError
+from .runtime_env import build_runtime_env
 from .engines import VARIABLE
 from .values import FIELD
 
-HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
 TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"
 NEXT_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
 # Ray's driver hook (ray_constants.RAY_RUNTIME_ENV_HOOK), its switch that lets
@@ -93,33 +93,6 @@ def next_hook(environ: Mapping[str, str] = os.environ) -> Optional[Callable[[Any
     if not callable(found):
         raise EnvironmentVariableError(f"{NEXT_HOOK_VARIABLE}={path!r} is not a function")
     return found
-
-
-def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """Why Ray will not call this driver's RAY_RUNTIME_ENV_HOOK, when this
-    package's hook is the one set: from Ray 2.47, a driver run under
-    ``uv run`` with RAY_ENABLE_UV_RUN_RUNTIME_ENV on (Ray's default) gets
-    Ray's uv hook instead (``ray/_private/worker.py``,
-    ``_maybe_modify_runtime_env``). None when the hook will run."""
-    if environ.get("RAY_RUNTIME_ENV_HOOK", "").strip() != HOOK_PATH:
-        return None
-    try:
-        from ray._private import ray_constants
-        from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
-    except Exception:  # a Ray without the uv hook: RAY_RUNTIME_ENV_HOOK always runs
-        return None
-    if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False):
-        return None
-    try:
-        under_uv = _get_uv_run_cmdline() is not None
-    except Exception:
-        return None
-    if not under_uv:
-        return None
-    return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
-            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {VARIABLE} in ray.init is "
-            "not taken over and a raw megatron_env field is not checked. Pass "
-            "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
 
 
 def submitted_job_env(environ: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
@@ -218,7 +191,6 @@ def complete_submitted_env(runtime_env: Optional[Dict[str, Any]], job_env: Mappi
 
 
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    from .runtime_env import build_runtime_env
 
     job_env = submitted_job_env()
     if job_env is not None:

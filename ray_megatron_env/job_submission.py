@@ -51,9 +51,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 from .hook import (
-    DRIVER_HOOK_VARIABLE, HOOK_PATH, MERGE_OVERRIDE, MERGE_STRICT, MERGE_VARIABLE,
-    NEXT_HOOK_VARIABLE, OVERRIDE_VARIABLE,
+    DRIVER_HOOK_VARIABLE, MERGE_OVERRIDE, MERGE_STRICT, MERGE_VARIABLE, NEXT_HOOK_VARIABLE,
+    OVERRIDE_VARIABLE,
 )
+from .runtime_env import HOOK_PATH
 from .worker import FIELD_VARIABLE
 
 # verl's driver sets these whatever the driver's environment holds.

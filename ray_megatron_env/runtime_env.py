@@ -9,7 +9,7 @@ compact form (a few hundred bytes instead of ~28 KB with every task spec).
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
 import warnings
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -20,6 +20,7 @@ from .packs import read_packs
 from .packs.connections import explicit_value, hard_conflict_everywhere
 from .spec import Roles, Spec
 from .values import FIELD, fail_type, lookup
+from .worker import add_setup_hook
 
 
 
@@ -59,7 +60,7 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     spec = spec.narrow(role, known_roles)
     _refuse_a_conflict_on_every_gpu(spec)
     env[FIELD] = spec.to_field()
-    _add_setup_hook(env)
+    add_setup_hook(env)
     _warn_if_driver_hook_skipped()
     return env
 
@@ -84,44 +85,40 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
                 f"{VARIABLE} per role yourself from 'ray-megatron-env explain'")
 
 
-def _add_setup_hook(env: Dict[str, Any]) -> None:
-    """The worker-side fallback (worker.py): the field in env_vars for the
-    hook to read, and Ray's setup hook chained in front of one the base
-    already had. Ray runs the hook only from the job's env (ray.init); in an
-    actor's or task's env it ignores it, and the job env's hook, which
-    reaches those workers through env_vars, reads their own field."""
-    from .worker import (FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, chained,
-                         next_setup_hooks)
-
-    env_vars = env.get("env_vars")
-    if env_vars is None:
-        env_vars = env["env_vars"] = {}
-    elif not isinstance(env_vars, dict):
-        raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
-    env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
-    theirs = env.get(SETUP_HOOK_FIELD)
-    if theirs is None or theirs == SETUP_HOOK_PATH:
-        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
-    elif isinstance(theirs, str):
-        # After any hook already chained (a submitted env's own, when a
-        # job's driver brings another: hook.complete_submitted_env).
-        hooks = next_setup_hooks(env_vars)
-        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join(
-            hooks if theirs in hooks else [*hooks, theirs])
-        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
-    elif callable(theirs):
-        env[SETUP_HOOK_FIELD] = chained(theirs)
-    else:
-        raise fail_type(f"base.{SETUP_HOOK_FIELD}", "a 'module.function' string or a function",
-                        theirs)
 
 
-SETUP_HOOK_FIELD = "worker_process_setup_hook"
+# Ray's driver hook runs this (hook.py), set in RAY_RUNTIME_ENV_HOOK.
+HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
+
+
+def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Why Ray will not call this driver's RAY_RUNTIME_ENV_HOOK, when this
+    package's hook is the one set: from Ray 2.47, a driver run under
+    ``uv run`` with RAY_ENABLE_UV_RUN_RUNTIME_ENV on (Ray's default) gets
+    Ray's uv hook instead (``ray/_private/worker.py``,
+    ``_maybe_modify_runtime_env``). None when the hook will run."""
+    if environ.get("RAY_RUNTIME_ENV_HOOK", "").strip() != HOOK_PATH:
+        return None
+    try:
+        from ray._private import ray_constants
+        from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
+    except Exception:  # a Ray without the uv hook: RAY_RUNTIME_ENV_HOOK always runs
+        return None
+    if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False):
+        return None
+    try:
+        under_uv = _get_uv_run_cmdline() is not None
+    except Exception:
+        return None
+    if not under_uv:
+        return None
+    return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
+            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {VARIABLE} in ray.init is "
+            "not taken over and a raw megatron_env field is not checked. Pass "
+            "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
 
 
 def _warn_if_driver_hook_skipped() -> None:
-    from .hook import driver_hook_skipped
-
     reason = driver_hook_skipped()
     if reason:
         warnings.warn(reason, stacklevel=3)

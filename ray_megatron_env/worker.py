@@ -107,8 +107,6 @@ def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mappin
     key = _decision_key(environ, node_environ, job_field, cache, job_env_vars)
     entry = cache.decision(key) if key else None
     if entry is None:
-        from .agent import log_lines
-
         before = dict(environ)
         decision = decide_in_worker(environ, node_environ, job_field,
                                     cache.get if cache else lambda probe, kind: probe(), logger(),
@@ -116,7 +114,7 @@ def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mappin
         if decision is None:
             return
         entry = {"set": {k: v for k, v in environ.items() if before.get(k) != v},
-                 "unset": sorted(set(before) - set(environ)), "log": log_lines(decision)}
+                 "unset": sorted(set(before) - set(environ)), "log": decision.log_lines()}
         # The first worker on a node probed just now: its facts key it too.
         key = key or _decision_key(before, node_environ, job_field, cache, job_env_vars)
         if key:
@@ -198,6 +196,41 @@ def next_setup_hooks(environ: Mapping[str, str]) -> list:
     return [path.strip() for path in text.split(",") if path.strip()]
 
 
+# The runtime env field Ray runs a setup hook from (the job's env only).
+SETUP_HOOK_FIELD = "worker_process_setup_hook"
+
+
+def add_setup_hook(env: Dict[str, Any]) -> None:
+    """The worker-side fallback (worker.py): the field in env_vars for the
+    hook to read, and Ray's setup hook chained in front of one the base
+    already had. Ray runs the hook only from the job's env (ray.init); in an
+    actor's or task's env it ignores it, and the job env's hook, which
+    reaches those workers through env_vars, reads their own field."""
+    from .values import FIELD, fail_type
+
+    env_vars = env.get("env_vars")
+    if env_vars is None:
+        env_vars = env["env_vars"] = {}
+    elif not isinstance(env_vars, dict):
+        raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
+    env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
+    theirs = env.get(SETUP_HOOK_FIELD)
+    if theirs is None or theirs == SETUP_HOOK_PATH:
+        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
+    elif isinstance(theirs, str):
+        # After any hook already chained (a submitted env's own, when a
+        # job's driver brings another: hook.complete_submitted_env).
+        hooks = next_setup_hooks(env_vars)
+        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join(
+            hooks if theirs in hooks else [*hooks, theirs])
+        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
+    elif callable(theirs):
+        env[SETUP_HOOK_FIELD] = chained(theirs)
+    else:
+        raise fail_type(f"base.{SETUP_HOOK_FIELD}", "a 'module.function' string or a function",
+                        theirs)
+
+
 def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
     """An env from ``build_runtime_env`` (a job's, or a role's that a job env
     would sit under) made to work as one actor's env, as if that actor ran in
@@ -232,12 +265,11 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     """
     if plugin_decided(environ, node_environ):
         return None
-    from .agent import fact_kinds, write_decision
-    from .decision import VIA_SETUP_HOOK
+    from .decision import VIA_SETUP_HOOK, decide_node
     from .errors import FieldValueError
     from .field import parse_field
-    from .node import NodeFacts
-    from .node import FABRIC, P2P
+    from .node import FABRIC, P2P, NodeFacts
+    from .packs import fact_kinds
     from .probe import probe_fabric, probe_gpus, probe_p2p
 
     text = _own_field_text(environ, node_environ)
@@ -252,7 +284,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     # The node's environment, as the agent probes with it: never this
     # worker's CUDA_VISIBLE_DEVICES, which Ray rewrites per task.
     probe_env = node_environ if node_environ is not None else environ
-    kinds = fact_kinds(spec)
+    kinds = fact_kinds(spec.packs)
     facts = NodeFacts(cache(lambda: probe_gpus(probe_env), "gpus"),
                       cache(lambda: probe_fabric(probe_env), "fabric")
                       if FABRIC in kinds else None,
@@ -264,14 +296,14 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
         env_vars = {k: v for k, v in environ.items()
                     if node_environ.get(k) != v or given.get(k) == v}
     before = dict(env_vars)
-    decision = write_decision(spec, facts, env_vars, node_environ or {}, via=VIA_SETUP_HOOK,
-                              logger=logger)
+    result = decide_node(spec, facts, env_vars, node_environ or {}, via=VIA_SETUP_HOOK)
+    result.apply(env_vars, logger)
     for key in set(before) | set(env_vars):
         if key in env_vars:
             environ[key] = env_vars[key]
         else:
             environ.pop(key, None)
-    return decision
+    return result.decision
 
 
 def node_environment(pid: Optional[int] = None) -> Optional[Dict[str, str]]:

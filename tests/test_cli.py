@@ -12,7 +12,8 @@ import yaml
 from configs import FSDP_YAML, MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.cli import BAD_INPUT, OK, UNREACHABLE, main
-from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
+from ray_megatron_env.hook import TAKE_OVER_VARIABLE
+from ray_megatron_env.runtime_env import HOOK_PATH
 
 PLUGIN = {"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}
 

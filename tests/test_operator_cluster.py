@@ -15,7 +15,8 @@ from ray_megatron_env.check import observe
 from ray_megatron_env.check import NodeReport
 from ray_megatron_env.cli import PROBLEM, format_check
 from ray_megatron_env.decision import Decision
-from ray_megatron_env.hook import HOOK_PATH, TAKE_OVER_VARIABLE
+from ray_megatron_env.hook import TAKE_OVER_VARIABLE
+from ray_megatron_env.runtime_env import HOOK_PATH
 
 from conftest import NODE_SETS, UNREGISTERED
 from jobs import driver_environment

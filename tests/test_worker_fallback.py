@@ -14,7 +14,7 @@ import pytest
 from configs import FSDP_YAML, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.node import NodeGpus
-from ray_megatron_env.hook import driver_hook_skipped, HOOK_PATH
+from ray_megatron_env.runtime_env import HOOK_PATH, driver_hook_skipped
 from ray_megatron_env.job_submission import job_submission_env
 from ray_megatron_env.cache import NodeCache
 from ray_megatron_env.worker import (

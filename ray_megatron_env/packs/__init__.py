@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
 from ..node import FABRIC
@@ -160,6 +160,12 @@ def get_pack(name: str) -> Pack:
         raise FieldValueError(f"{FIELD}: unknown pack {show(name)}; known packs: "
                               f"{', '.join(PACK_NAMES)}")
     return import_module(f".{_MODULES[name]}", __name__).PACK
+
+
+def fact_kinds(names: Iterable[str]) -> FrozenSet[str]:
+    """The kinds of node fact besides the GPUs (``node.FACT_KINDS``) that the
+    packs called ``names`` read: only those are probed."""
+    return frozenset(kind for name in names for kind in get_pack(name).fact_kinds)
 
 
 def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
