@@ -200,7 +200,8 @@ RULES = (
          engine=MEGATRON, megatron_fsdp=True,
          why="Megatron-FSDP overlaps its all-gathers and reduce-scatters with compute, which 1 "
              "serialises",
-         preferred_because="keeps Megatron-FSDP's all-gather and reduce-scatter overlapping compute",
+         preferred_because="keeps Megatron-FSDP's all-gather and reduce-scatter overlapping "
+                           "compute",
          source=f"{_VALIDATE_ARGS}: asserts the value is not '1' when use_megatron_fsdp (formerly "
              "use_custom_fsdp) is set; Megatron-Bridge src/megatron/bridge/training/config.py: "
              "asserts the same for Megatron-FSDP",
@@ -213,12 +214,13 @@ RULES = (
          source=f"{_VALIDATE_ARGS}: asserts the value is not '1' when use_torch_fsdp2 is set",
          required_by=(MEGATRON_LM_CHECK,),),
     Rule("non-cuda-megatron-model-parallel", MUST_BE_1,
-         engine=MEGATRON, gpus=NON_CUDA, model_parallel=True, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False,
+         engine=MEGATRON, gpus=NON_CUDA, model_parallel=True, megatron_fsdp=False,
+         torch_fsdp2=False, moe_overlap=False,
          why="Megatron-LM's TP/CP check reads the CUDA variable's name from Python on these "
              "accelerators too (they report a major version below 10); their runtimes ignore "
              "the value itself",
-         preferred_because="lets Megatron-LM's TP/CP assert pass wherever the stack runs it (the accelerator "
-             "ignores the value)",
+         preferred_because="lets Megatron-LM's TP/CP assert pass wherever the stack runs it "
+                           "(the accelerator ignores the value)",
          source=f"{_VALIDATE_ARGS}: asserts '1' for TP or CP > 1 below major 10, from Python; "
              + _NON_CUDA_SOURCES,
          required_by=(MEGATRON_LM_CHECK,),),
@@ -231,29 +233,35 @@ RULES = (
          engine=MEGATRON, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=True,
          why="MoE expert-parallel all-to-all overlap runs its communication on a second stream, "
              "which 1 serialises behind compute",
-         preferred_because="lets the expert-parallel all-to-all overlap compute (32, as Megatron-LM's launch "
-             "guide and Megatron-Bridge use)",
-         source="Megatron-LM megatron/core/transformer/moe/README.md (overlap_moe_expert_parallel_comm "
-             "needs the value above 1) and skills/mcore-run-on-slurm/SKILL.md (32); "
+         preferred_because="lets the expert-parallel all-to-all overlap compute (32, as "
+                           "Megatron-LM's launch guide and Megatron-Bridge use)",
+         source="Megatron-LM megatron/core/transformer/moe/README.md "
+             "(overlap_moe_expert_parallel_comm needs the value above 1) and "
+             "skills/mcore-run-on-slurm/SKILL.md (32); "
              f"{_VALIDATE_ARGS} only warns with TP/CP > 1; Megatron-Bridge "
              "scripts/performance/utils/overrides.py (not 1 with A2A overlap)",),
     Rule("megatron-blackwell", NOTHING,
-         engine=MEGATRON, gpus=BLACKWELL_OR_NEWER, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False, dispatcher=False,
+         engine=MEGATRON, gpus=BLACKWELL_OR_NEWER, megatron_fsdp=False, torch_fsdp2=False,
+         moe_overlap=False, dispatcher=False,
          why="Blackwell and newer GPUs keep collectives ahead of compute without it",
-         source=f"{_VALIDATE_ARGS}: the check applies only below compute capability major 10 {_CORE}",),
+         source=f"{_VALIDATE_ARGS}: the check applies only below compute capability major 10 "
+             f"{_CORE}",),
     Rule("megatron-model-parallel", MUST_BE_1,
-         engine=MEGATRON, gpus=PRE_BLACKWELL, model_parallel=True, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False,
+         engine=MEGATRON, gpus=PRE_BLACKWELL, model_parallel=True, megatron_fsdp=False,
+         torch_fsdp2=False, moe_overlap=False,
          why="Megatron tensor/context parallelism before Blackwell keeps its collectives ahead "
              "of the compute they overlap only with one hardware queue",
          preferred_because="keeps tensor/context-parallel collectives ahead of compute",
-         source=f"{_VALIDATE_ARGS}: asserts the value is '1' when tensor_model_parallel_size > 1 or "
-             "context_parallel_size > 1 below compute capability major 10, without FSDP or MoE "
+         source=f"{_VALIDATE_ARGS}: asserts the value is '1' when "
+             "tensor_model_parallel_size > 1 or context_parallel_size > 1 below compute "
+             "capability major 10, without FSDP or MoE "
              f"A2A overlap {_CORE}, whatever the token dispatcher; Megatron-Core "
              "megatron/core/tensor_parallel/layers.py and TransformerEngine only warn; "
              f"{_BRIDGE_LAUNCHER} keeps 1 there even with DeepEP or HybridEP",
          required_by=(MEGATRON_LM_CHECK,),),
     Rule("megatron-flex-dispatcher", NOT_1_PREFER_32,
-         engine=MEGATRON, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False, dispatcher=True,
+         engine=MEGATRON, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False,
+         dispatcher=True,
          why="the DeepEP and HybridEP token dispatchers run their all-to-all on communication "
              "streams of their own, which 1 serialises behind compute",
          preferred_because="lets the DeepEP/HybridEP dispatch and combine overlap compute (32, as "
@@ -267,7 +275,8 @@ RULES = (
              "32 on Blackwell and 1 for TP or CP > 1 without A2A overlap on other GPUs (the "
              "row above)",),
     Rule("megatron-no-model-parallel", NOTHING,
-         engine=MEGATRON, model_parallel=False, megatron_fsdp=False, torch_fsdp2=False, moe_overlap=False, dispatcher=False,
+         engine=MEGATRON, model_parallel=False, megatron_fsdp=False, torch_fsdp2=False,
+         moe_overlap=False, dispatcher=False,
          why="Megatron without tensor or context parallelism has no collective to order",
          source=f"{_VALIDATE_ARGS}: the check requires TP > 1 or CP > 1 {_CORE}",),
     Rule("fsdp-style", NOT_1,
