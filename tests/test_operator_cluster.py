@@ -21,8 +21,8 @@ from conftest import NODE_SETS, UNREGISTERED
 from jobs import driver_environment
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
-# Nodes of the standard set whose GPU probe fails on purpose (conftest.py).
-PROBE_FAILS = {"bad_fake", "smi_hang"}
+# The node of the standard set whose GPU probe fails on purpose (conftest.py).
+PROBE_FAILS = {"smi_hang"}
 NODE_SETS_NAMES = {node.name for node in NODE_SETS["standard"]}
 
 
@@ -53,8 +53,8 @@ def test_check_strict_shows_which_path_decides_on_every_node(cluster, strict_che
     registered = {cluster.node_ids[name] for name in NODE_SETS_NAMES - UNREGISTERED - PROBE_FAILS}
     assert all(by_id[node_id]["ok"] and by_id[node_id]["registered"] and by_id[node_id]["ip"]
                and by_id[node_id]["via"] == "plugin" for node_id in registered)
-    h100 = by_id[cluster.node_ids["h100"]]
-    assert (h100["value"], h100["decision"]["gpus"]) == ("1", ["9.0", "9.0"])
+    mixed = by_id[cluster.node_ids["h100_b200"]]
+    assert (mixed["value"], mixed["decision"]["gpus"]) == ("1", ["9.0", "10.0"])
     # NVML cannot load on the "smi" node; its nvidia-smi reports 9.0 there.
     smi = by_id[cluster.node_ids["smi"]]
     assert (smi["value"], smi["decision"]["gpus"]) == ("1", ["9.0"])
@@ -68,10 +68,10 @@ def test_check_text_names_the_node_by_short_id_and_ip(cluster, strict_check):
                              if r["decision"] else None})
                for r in json.loads(strict_check.stdout)]
     text = format_check(reports)
-    bad = cluster.node_ids["bad_fake"]
+    bad = cluster.node_ids["smi_hang"]
     assert f"{bad[:8]} (" in text and "setup-hook" in text
     assert bad not in text  # short ids in text; --json has the full ones
-    assert f"{len(NODE_SETS['standard'])} node(s) checked, 2 with a problem." in text
+    assert f"{len(NODE_SETS['standard'])} node(s) checked, 1 with a problem." in text
     assert "PROBLEM: the GPU probe failed" in text
     assert max(len(line) for line in text.splitlines()) <= 100
 
@@ -120,11 +120,11 @@ def test_ray_init_takes_a_dictconfig_through_the_hook(cluster, tmp_path):
         from omegaconf import OmegaConf
         cfg = OmegaConf.load({str(MEGATRON_YAML)!r})
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env={{"megatron_env": cfg}})
-        print(json.dumps(on("h100", "b200")))
+        print(json.dumps(on("h100_b200", "b200")))
     """, env=HOOK)
     assert result.returncode == 0, result.stderr
-    (h100, h100_decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
-    assert (h100, b200) == ("1", None) and h100_decision["gpus"] == ["9.0", "9.0"]
+    (mixed, mixed_decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
+    assert (mixed, b200) == ("1", None) and mixed_decision["gpus"] == ["9.0", "10.0"]
 
 
 def test_ray_init_with_a_bad_config_fails_on_the_driver(cluster, tmp_path):
@@ -176,13 +176,13 @@ def test_ray_job_submit_path_takes_over_verls_value_without_editing_verl(cluster
     job_env = json.loads(made.stdout)
     result = run_driver(cluster, tmp_path, VERL_DRIVER, """
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env=get_ppo_ray_runtime_env())
-        print(json.dumps(on("v100", "b200")))
+        print(json.dumps(on("a100", "b200")))
     """, env={**job_env["env_vars"],
               "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": job_env})})
     assert result.returncode == 0, result.stderr
-    (v100, decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
+    (a100, decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
     # The critic is Megatron TP=1: it needs nothing, so verl's "1" is gone.
-    assert (v100, b200) == (None, None)
+    assert (a100, b200) == (None, None)
     assert decision["source"] == "none" and list(decision["engines"]) == ["critic"]
 
 

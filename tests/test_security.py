@@ -16,7 +16,7 @@ def environment():
     return dict(os.environ)
 
 
-def run(cluster, runtime_env, node="h100"):
+def run(cluster, runtime_env, node="h100_b200"):
     return ray.get(environment.options(runtime_env=runtime_env, **cluster.pin(node)).remote(),
                    timeout=120)
 
