@@ -17,6 +17,12 @@ from configs import FSDP_YAML, MEGATRON_TP2, verl
 from jobs import run_job
 
 TESTS = Path(__file__).parent
+# Every test here rests on Ray's handling of worker_process_setup_hook (only
+# in the job env; a string or a callable; run before the worker's first
+# task), on the job config a worker reads its job's env_vars from, and on
+# each node having a runtime-env agent of its own (agent ports Ray 2.41
+# picks in Python): all of it changes between Ray versions.
+pytestmark = pytest.mark.ray_version_specific
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,10 @@ def strict_check(cluster):
     return result
 
 
+# check's own use of Ray: the alive nodes and their agent ports (ray.nodes()),
+# one actor pinned per node, and what an unregistered node does with the
+# field and the job env's setup hook.
+@pytest.mark.ray_version_specific
 def test_check_strict_shows_which_path_decides_on_every_node(cluster, strict_check):
     assert strict_check.returncode == PROBLEM, strict_check.stderr  # the probe failures
     reports = json.loads(strict_check.stdout)
@@ -115,6 +119,8 @@ def run_driver(cluster, tmp_path, *parts, env=None):
 HOOK = {"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}
 
 
+# RAY_RUNTIME_ENV_HOOK: when ray.init calls it and with what.
+@pytest.mark.ray_version_specific
 def test_ray_init_takes_a_dictconfig_through_the_hook(cluster, tmp_path):
     result = run_driver(cluster, tmp_path, f"""
         from omegaconf import OmegaConf
@@ -127,6 +133,8 @@ def test_ray_init_takes_a_dictconfig_through_the_hook(cluster, tmp_path):
     assert (mixed, b200) == ("1", None) and mixed_decision["gpus"] == ["9.0", "10.0"]
 
 
+# RAY_RUNTIME_ENV_HOOK: its error stops ray.init before it connects.
+@pytest.mark.ray_version_specific
 def test_ray_init_with_a_bad_config_fails_on_the_driver(cluster, tmp_path):
     result = run_driver(cluster, tmp_path, f"""
         from omegaconf import OmegaConf
@@ -148,6 +156,8 @@ VERL_DRIVER = """
 """
 
 
+# ray.init's job runtime env reaching every worker, as verl's driver passes it.
+@pytest.mark.ray_version_specific
 def test_verl_main_ppo_few_line_change(cluster, tmp_path):
     result = run_driver(cluster, tmp_path, VERL_DRIVER, f"""
         from omegaconf import OmegaConf
@@ -163,6 +173,9 @@ def test_verl_main_ppo_few_line_change(cluster, tmp_path):
     assert json.loads(result.stdout.splitlines()[-1]) == [None, None, "8"]
 
 
+# ray job submit's RAY_JOB_CONFIG_JSON_ENV_VAR merged into ray.init's env,
+# then the hook.
+@pytest.mark.ray_version_specific
 def test_ray_job_submit_path_takes_over_verls_value_without_editing_verl(cluster, tmp_path):
     # `ray job submit --runtime-env job.yaml -- python main_ppo.py` runs the
     # entrypoint with the job's runtime env in RAY_JOB_CONFIG_JSON_ENV_VAR and
@@ -186,6 +199,8 @@ def test_ray_job_submit_path_takes_over_verls_value_without_editing_verl(cluster
     assert decision["source"] == "none" and list(decision["engines"]) == ["critic"]
 
 
+# RAY_RUNTIME_ENV_HOOK on an env without the field.
+@pytest.mark.ray_version_specific
 def test_legacy_call_without_a_config_keeps_verls_value(cluster, tmp_path):
     result = run_driver(cluster, tmp_path, VERL_DRIVER, """
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env=get_ppo_ray_runtime_env())
@@ -196,6 +211,8 @@ def test_legacy_call_without_a_config_keeps_verls_value(cluster, tmp_path):
     assert "no megatron_env field" in result.stderr
 
 
+# Ray's error for an actor pinned to a node that is not there ("Unschedulable").
+@pytest.mark.ray_version_specific
 def test_check_reports_a_node_gone_since_it_was_listed_within_its_timeout(cluster):
     # A node id nobody has (a node that died between listing and probing): the
     # probe actor can never start, and check reports it instead of waiting on.

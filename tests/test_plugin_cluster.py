@@ -180,6 +180,9 @@ def test_each_config_reaches_a_real_worker_with_explains_decision(every_case):
         {name for name, (_, _, nodes) in CASES.items() if nodes}
 
 
+# Ray's agent loads the plugin named in RAY_RUNTIME_ENV_PLUGINS and calls
+# its validate/create/modify_context: the registered path at its plainest.
+@pytest.mark.ray_version_specific
 def test_decision_reads_back_inside_an_actor(cluster):
     env = build_runtime_env(verl(*MEGATRON_TP2), role="actor")
     trainer = Trainer.options(runtime_env=env, **cluster.pin("h100_b200")).remote()
@@ -247,6 +250,9 @@ def test_precedence_in_the_agent(config, node, explicit, value, source, warned):
     assert bool(decision.warnings) == warned
 
 
+# Ray's agent hands the plugin the runtime env's env_vars (explicit) and
+# the node's own environment (inherited): version-specific plumbing.
+@pytest.mark.ray_version_specific
 @pytest.mark.parametrize("config,node,explicit,value,source,warned", PRECEDENCE)
 def test_precedence_on_real_nodes(cluster, config, node, explicit, value, source, warned):
     base = {"env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": explicit}} if explicit else None
@@ -256,6 +262,9 @@ def test_precedence_on_real_nodes(cluster, config, node, explicit, value, source
     assert bool(decision["warnings"]) == warned
 
 
+# How Ray treats a field no plugin claims, and where it honours the setup
+# hook (the job env only): both Ray's, per version.
+@pytest.mark.ray_version_specific
 def test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin(cluster):
     # Ray ignores the field there, and honours worker_process_setup_hook only
     # in the job's env (ray.init): the fallback needs the job env
@@ -298,6 +307,8 @@ def test_a_malformed_fake_is_recorded_and_treated_conservatively():
     assert "9.x" in decision.probe["error"] and decision.warnings
 
 
+# How Ray's agent awaits a plugin's create while other envs are created.
+@pytest.mark.ray_version_specific
 def test_a_hung_nvidia_smi_does_not_block_the_agent(cluster):
     megatron = worker_env.options(runtime_env=build_runtime_env(verl(*MEGATRON_TP2)),
                                   **cluster.pin("smi_hang")).remote()
@@ -311,6 +322,9 @@ def test_a_hung_nvidia_smi_does_not_block_the_agent(cluster):
     assert value == "1" and "did not answer within 3 s" in json.loads(decision)["probe"]["error"]
 
 
+# A plugin's error reaches the caller as Ray's RuntimeEnvSetupError, after
+# the agent's retries (RUNTIME_ENV_RETRY_INTERVAL_MS, conftest.py).
+@pytest.mark.ray_version_specific
 @pytest.mark.parametrize("field,words", [
     ({"actor_rollout_ref": {"actor": {"strategy": "megatorn"}}},
      ["unknown strategy 'megatorn'", "actor_rollout_ref.actor.strategy", "fsdp"]),
@@ -339,6 +353,8 @@ def test_a_bad_explicit_value_fails_in_the_agent(cluster):
         ray.get(worker_env.options(runtime_env=env, **cluster.pin("a100")).remote(), timeout=60)
 
 
+# The logger Ray hands a plugin, and the file it writes to.
+@pytest.mark.ray_version_specific
 def test_the_decision_is_in_the_nodes_setup_log(cluster):
     on_nodes(cluster, build_runtime_env(verl(*MEGATRON_CP2), role="actor"), ["a100"])
     logs = glob.glob(os.path.join(cluster.logs_dir(), "runtime_env_setup-*.log"))
@@ -349,6 +365,8 @@ def test_the_decision_is_in_the_nodes_setup_log(cluster):
                "GPUs: ['8.0'])" in line and "actor (megatron TP=1 CP=2) needs 1" in line], lines
 
 
+# Ray merges the job-level env (ray.init) into every task's.
+@pytest.mark.ray_version_specific
 def test_a_job_level_runtime_env_reaches_every_worker(cluster, tmp_path):
     # How verl uses it: ray.init(runtime_env=...) in the driver, workers anywhere.
     script = tmp_path / "driver.py"
