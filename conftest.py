@@ -21,8 +21,7 @@ import pytest
 import ray_megatron_env
 from ray_megatron_env.node import FAKE_NODE_VARIABLE
 from ray_megatron_env.simulation import (
-    MIXED_NODES, PCIE_NO_P2P_OLD_DRIVER, WRONG_ARCH_IMAGE, SimulatedCluster, SimulatedNode,
-    ray_processes,
+    PCIE_NO_P2P_OLD_DRIVER, WRONG_ARCH_IMAGE, SimulatedCluster, SimulatedNode, ray_processes,
 )
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
@@ -100,27 +99,38 @@ TRAY_WITHOUT_IMEX = ('{"fabric": {"state": "completed", "status": "success", "cl
 NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
 
 NODE_SETS: Dict[str, NodeSet] = {
-    # The mixed cluster of the issue, plus nodes for precedence, registration
-    # and probe-path tests.
-    "standard": MIXED_NODES + (
+    # One node of each kind the cluster tests need (tests/test_*_cluster.py
+    # name them), 12 in all: each simulated node costs start-up and idle CPU
+    # on a 2-core machine (docs/performance.md#6-the-test-suites-clusters).
+    # The V100 and 2xH100 GPU classes, and the per-node value of every
+    # config on every class, are the unit matrix in
+    # tests/test_plugin_cluster.py (the agent's own code) and the demo's run
+    # (tests/test_demo.py); here each path and each claim is shown once on
+    # a live worker.
+    "standard": (
+        SimulatedNode("cpu_head", "none"),
+        # The A100's and the B200's images pin TORCH_CUDA_ARCH_LIST="9.0 10.0"
+        # (torch-arch: replaced on the one, kept on the other).
+        SimulatedNode("a100", "8.0", dict(WRONG_ARCH_IMAGE)),
+        SimulatedNode("b200", "10.0", dict(WRONG_ARCH_IMAGE)),  # Megatron-LM asks nothing
+        SimulatedNode("h100_b200", "9.0,10.0"),  # the mixed node of the issue
+        # The node's own value competes with the decision (precedence).
         SimulatedNode("a100_inherit1", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
-        SimulatedNode("h100_inherit4", "9.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}),
         # Nodes started without RAY_RUNTIME_ENV_PLUGINS: the worker-side
         # setup hook decides there (UNREGISTERED below).
         SimulatedNode("unplugged", "9.0", plugin=False),
-        SimulatedNode("b200_unplugged", "10.0", dict(WRONG_ARCH_IMAGE), plugin=False),
         # ... its image pins TORCH_CUDA_ARCH_LIST="9.0 10.0" too (torch-arch)
         SimulatedNode("a100_inherit1_unplugged", "8.0", {"CUDA_DEVICE_MAX_CONNECTIONS": "1",
                                                           **WRONG_ARCH_IMAGE}, plugin=False),
-        # PCIe GPUs without peer access on driver 12.8 (nccl-host-mem), as
-        # MIXED_NODES' l40s node, decided by the setup hook.
+        # PCIe GPUs without peer access on driver 12.8 (nccl-host-mem), on
+        # both paths.
+        SimulatedNode("l40s", "8.9,8.9,8.9,8.9", {FAKE_NODE_VARIABLE: PCIE_NO_P2P_OLD_DRIVER}),
         SimulatedNode("l40s_unplugged", "8.9,8.9,8.9,8.9",
                       {FAKE_NODE_VARIABLE: PCIE_NO_P2P_OLD_DRIVER}, plugin=False),
         # NVML in auto mode (it cannot load here), then the fake nvidia-smi.
         _smi_node("smi", probe="auto", CUDA_VISIBLE_DEVICES="GPU-22222222"),
         _smi_node("smi_hang", FAKE_NVIDIA_SMI="hang"),
         SimulatedNode("real_nvml", ""),  # the real NVML path on this machine
-        SimulatedNode("bad_fake", "9.x"),
     ),
     # Registration and install faults (built in a temp dir when first used).
     "faults": fault_nodes,

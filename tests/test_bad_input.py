@@ -12,7 +12,7 @@ from ray_megatron_env import build_runtime_env
 from ray_megatron_env.hook import runtime_env_hook
 from reliability_cases import BAD_INPUTS
 
-NODES = ("cpu_head", "v100", "a100", "h100", "b200", "h100_b200")
+NODES = ("cpu_head", "a100", "b200", "h100_b200")  # every registered GPU class of the set
 
 
 @ray.remote(num_cpus=0)
@@ -40,6 +40,9 @@ def test_hook_refuses(case):
     assert case.says in str(info.value)
 
 
+# Which inputs Ray itself refuses in the driver (TypeError) and which reach
+# the agent, and how the agent's error comes back: Ray's, per version.
+@pytest.mark.ray_version_specific
 def test_the_agent_refuses_every_bad_input_fast(cluster):
     # All at once, spread over the nodes: each must come back as a
     # RuntimeEnvSetupError naming the problem, none may hang.

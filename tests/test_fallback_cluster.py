@@ -17,6 +17,12 @@ from configs import FSDP_YAML, MEGATRON_TP2, verl
 from jobs import run_job
 
 TESTS = Path(__file__).parent
+# Every test here rests on Ray's handling of worker_process_setup_hook (only
+# in the job env; a string or a callable; run before the worker's first
+# task), on the job config a worker reads its job's env_vars from, and on
+# each node having a runtime-env agent of its own (agent ports Ray 2.41
+# picks in Python): all of it changes between Ray versions.
+pytestmark = pytest.mark.ray_version_specific
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +37,13 @@ def megatron_job(cluster, tmp_path_factory):
             "worker_process_setup_hook": "fallback_user_hook.mark",
             "env_vars": {{"PYTHONPATH": {str(TESTS)!r}}}}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
-        nodes = ["cpu_head", "a100", "h100", "b200", "unplugged", "a100_inherit1_unplugged",
-                 "b200_unplugged"]
+        nodes = ["cpu_head", "a100", "b200", "unplugged", "a100_inherit1_unplugged"]
         out = {{"job": on(nodes), "again": on(["unplugged"])}}
         # A per-role env under the job env: the critic is FSDP.
         out["critic"] = on(["a100_inherit1_unplugged", "unplugged"],
                            runtime_env=build_runtime_env({str(config)!r}, role="critic"))
         # Per-actor env_vars on top of the job env (verl's worker groups).
-        out["env_vars"] = on(["unplugged", "b200_unplugged"],
+        out["env_vars"] = on(["unplugged", "a100_inherit1_unplugged"],
                              runtime_env={{"env_vars": {{"WG_PREFIX": "actor_"}}}})
         out["explicit"] = on(["a100_inherit1_unplugged", "a100"],
                              runtime_env={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "4"}}}})
@@ -58,13 +63,15 @@ def test_every_node_has_a_runtime_env_agent_of_its_own(cluster):
 
 def test_every_node_gets_its_value_registered_or_not(megatron_job):
     # Megatron TP=2 under verl before Blackwell: 1 (the A100's inherited 1
-    # meets it, so it is kept as the node's); Blackwell and CPU: unset.
+    # meets it, so it is kept as the node's); Blackwell and CPU: unset. The
+    # setup hook's decision on a Blackwell node (unset) is unit-tested
+    # (test_worker_fallback.py::test_the_job_field_is_decided_from_the_nodes_gpus);
+    # an unset value by the setup hook on a live worker: the critic below.
     assert {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["job"].items()} == {
         "cpu_head": (None, "plugin", "none"), "a100": ("1", "plugin", "policy"),
-        "h100": ("1", "plugin", "policy"), "b200": (None, "plugin", "none"),
+        "b200": (None, "plugin", "none"),
         "unplugged": ("1", "setup-hook", "policy"),
-        "a100_inherit1_unplugged": ("1", "setup-hook", "node"),
-        "b200_unplugged": (None, "setup-hook", "none")}
+        "a100_inherit1_unplugged": ("1", "setup-hook", "node")}
 
 
 def test_the_users_own_setup_hook_still_runs(megatron_job):
@@ -87,8 +94,10 @@ def test_a_per_role_env_is_decided_for_its_role_on_unregistered_nodes(megatron_j
 
 
 def test_per_actor_env_vars_keep_the_jobs_decision(megatron_job):
-    got = {n: (v, via) for n, (v, via, *_) in megatron_job["env_vars"].items()}
-    assert got == {"unplugged": ("1", "setup-hook"), "b200_unplugged": (None, "setup-hook")}
+    got = {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["env_vars"].items()}
+    assert got == {"unplugged": ("1", "setup-hook", "policy"),
+                   "a100_inherit1_unplugged": ("1", "setup-hook", "node")}
+    assert got == {n: tuple(megatron_job["job"][n][:3]) for n in got}
 
 
 def test_an_explicit_value_is_kept_on_either_path(megatron_job):
@@ -113,12 +122,12 @@ def test_an_fsdp_job_replaces_a_nodes_inherited_1_with_a_callable_user_hook(clus
 
         env = build_runtime_env({str(FSDP_YAML)!r}, base={{"worker_process_setup_hook": mark}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
-        print(json.dumps(on(["a100_inherit1_unplugged", "a100_inherit1", "b200_unplugged"])))
+        print(json.dumps(on(["a100_inherit1_unplugged", "a100_inherit1", "unplugged"])))
     """)
     assert {n: (v, via, source, ran) for n, (v, via, source, ran, _) in got.items()} == {
         "a100_inherit1_unplugged": ("8", "setup-hook", "policy", "callable"),
         "a100_inherit1": ("8", "plugin", "policy", "callable"),
-        "b200_unplugged": (None, "setup-hook", "none", "callable")}
+        "unplugged": (None, "setup-hook", "none", "callable")}
 
 
 def test_a_job_env_vars_value_equal_to_the_nodes_own_is_kept_on_either_path(cluster, tmp_path):

@@ -31,6 +31,9 @@ def on(cluster, node, runtime_env, *names):
                                *names), timeout=120)
 
 
+# Ray's agent importing a plugin class that fails to load, and how the
+# failure reaches the caller.
+@pytest.mark.ray_version_specific
 def test_a_broken_install_fails_workers_not_the_node(cluster):
     with pytest.raises(RuntimeEnvSetupError) as info:
         on(cluster, "broken_install", {"megatron_env": MEGATRON_TP2})
@@ -52,6 +55,8 @@ def test_an_old_install_refuses_a_newer_format_clearly(cluster):
     assert on(cluster, "h100", {"megatron_env": MEGATRON_TP2})["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
+# Several plugins in RAY_RUNTIME_ENV_PLUGINS: Ray's loading and ordering.
+@pytest.mark.ray_version_specific
 def test_another_plugin_registered_beside_this_one(cluster):
     env = {"megatron_env": MEGATRON_TP2, "other_plugin": "hello"}
     got = on(cluster, "two_plugins", env, "OTHER_PLUGIN_SAW")
@@ -70,6 +75,8 @@ def test_visible_devices_naming_a_missing_gpu_on_a_real_node(cluster):
     assert got["CUDA_DEVICE_MAX_CONNECTIONS"] is None  # FSDP: conservative is "not 1"
 
 
+# Ray's own behaviour when a registered plugin class is missing.
+@pytest.mark.ray_version_specific
 def test_a_registered_but_missing_package_keeps_the_node_out(cluster):
     # Ray's own behaviour, documented for operators: `ray start` on a node
     # whose RAY_RUNTIME_ENV_PLUGINS names a class that is not installed. The
@@ -116,6 +123,8 @@ def test_an_amd_node_is_named_and_follows_megatrons_major_9(cluster):
     assert got["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
+# py_modules uploaded with the job, then the setup hook imported from it.
+@pytest.mark.ray_version_specific
 def test_a_node_without_the_package_is_decided_when_the_job_ships_it(cluster, tmp_path):
     # The README's py_modules line: the node has neither the package nor
     # the plugin; the job's env carries both the setup hook and the package.
@@ -129,6 +138,9 @@ def test_a_node_without_the_package_is_decided_when_the_job_ships_it(cluster, tm
         "not_installed": ("1", "setup-hook", "policy"), "h100": ("1", "plugin", "policy")}
 
 
+# A setup hook that cannot be imported: how Ray fails the worker and what
+# the actor's death carries.
+@pytest.mark.ray_version_specific
 def test_a_node_without_the_package_says_so_when_the_job_does_not_ship_it(cluster, tmp_path):
     # Ray runs the hook before the worker takes anything: the worker exits
     # with the hook's error, which an actor's death carries.
@@ -152,6 +164,8 @@ def test_a_node_without_the_package_says_so_when_the_job_does_not_ship_it(cluste
     assert "ray_megatron_env.worker.setup_hook" in got["error"], got
 
 
+# check's --ship-package: py_modules in an actor env on a node without it.
+@pytest.mark.ray_version_specific
 def test_check_ships_the_package_as_a_job_would(cluster):
     # check connects itself (a driver of its own), as the CLI does.
     def on_node(*options):

@@ -7,8 +7,9 @@ src/transport/shm.cc, the troubleshooting guide; PyTorch
 torch/utils/cpp_extension.py): the 4xL40S nodes (no peer access, driver
 12.8) get NCCL_CUMEM_HOST_ENABLE=0 (no-p2p-old-driver); every other node
 nothing of it. TORCH_CUDA_ARCH_LIST is each node's own archs where unset
-(unset), replaces an image's "9.0 10.0" on A100 nodes (misses-node-arch) and
-keeps it on a B200 node (covers-node-archs); the CPU head gets none (leave).
+(unset), replaces an image's "9.0 10.0" on A100 nodes on both paths
+(misses-node-arch) and keeps it on the B200 node (covers-node-archs); the CPU
+head gets none (leave).
 """
 
 import json
@@ -27,13 +28,11 @@ MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel":
 GOLDEN = {
     "cpu_head": ("plugin", None, "leave-to-nccl", None, "none", "leave"),
     "a100": ("plugin", None, "leave-to-nccl", "8.0", "policy", "misses-node-arch"),
-    "b200": ("plugin", None, "leave-to-nccl", "10.0", "policy", "unset"),
+    "b200": ("plugin", None, "leave-to-nccl", "9.0 10.0", "node", "covers-node-archs"),
     "l40s": ("plugin", "0", "no-p2p-old-driver", "8.9", "policy", "unset"),
     "l40s_unplugged": ("setup-hook", "0", "no-p2p-old-driver", "8.9", "policy", "unset"),
     "a100_inherit1_unplugged": ("setup-hook", None, "leave-to-nccl", "8.0", "policy",
                                 "misses-node-arch"),
-    "b200_unplugged": ("setup-hook", None, "leave-to-nccl", "9.0 10.0", "node",
-                       "covers-node-archs"),
 }
 
 
