@@ -1,6 +1,6 @@
 """The README's main job, run as a user runs it.
 
-Marked slow (about 60 s here: a cluster of its own and 42 worker starts):
+Marked slow (about 90 s here, on 2 shared cores: a cluster of its own and 42 worker starts):
 the README's test command leaves it, like the load test, to .ci/run, which
 runs both; the README's first command runs the same job.
 """
