@@ -1,8 +1,9 @@
-"""Docs that are generated from code must match it."""
-
-from pathlib import Path
+"""Docs that are generated from code must match it; every link in them, and
+every page or anchor the code names, must resolve."""
 
 import importlib
+import re
+from pathlib import Path
 
 from ray_megatron_env.packs import markdown_packs
 from ray_megatron_env.packs.connections import markdown_tables
@@ -32,3 +33,80 @@ def test_every_test_the_reliability_page_names_exists():
         for test in fault.tests:
             module, _, function = test.partition("::")
             assert hasattr(importlib.import_module(module.removesuffix(".py")), function), test
+
+
+# Relative links: every one in the pages and README.md, and every page and
+# heading anchor the code and tests name, must reach a file and a heading.
+
+ROOT = DOCS.parent
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's heading ids: lowercase, punctuation but '-' and '_' dropped,
+    spaces to '-', a repeated id suffixed -1, -2, ..."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
+            slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+            found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def links(markdown: str):
+    """(line number, target) of every inline link outside code."""
+    fenced = False
+    for number, line in enumerate(markdown.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`]*`", "", line)):
+                yield number, target
+
+
+def broken_links(page: Path) -> list[str]:
+    bad = []
+    for number, target in links(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue                      # http:, https:, mailto:
+        path, _, fragment = target.partition("#")
+        dest = (page.parent / path) if path else page
+        if not dest.exists():
+            bad.append(f"{page.name}:{number}: {target}: no such file")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest.read_text()):
+            bad.append(f"{page.name}:{number}: {target}: no such heading")
+    return bad
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    pages = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
+    assert [bad for page in pages for bad in broken_links(page)] == []
+
+
+def test_every_docs_anchor_the_code_names_exists():
+    bad = []
+    for source in sorted((ROOT / "ray_megatron_env").rglob("*.py")) + sorted((ROOT / "tests").glob("*.py")) + [ROOT / ".ci" / "run"]:
+        for page, fragment in re.findall(r"\bdocs/([\w-]+\.md)(?:#([\w-]+))?", source.read_text()):
+            if not (DOCS / page).exists():
+                bad.append(f"{source.relative_to(ROOT)}: docs/{page}: no such file")
+            elif fragment and fragment not in anchors((DOCS / page).read_text()):
+                bad.append(f"{source.relative_to(ROOT)}: docs/{page}#{fragment}: no such heading")
+    assert bad == []
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path):
+    (tmp_path / "a.md").write_text(
+        "# A page\n\n## Two `paths`, here\n\n## Same\n\n## Same\n\n```\n## Not a heading\n```\n")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#two-paths-here) [ok](a.md#same-1) [ok](a.md) [ok](https://x.org/y#z)\n"
+        "[gone](a.md#two-paths) [gone](a.md#same-2) [gone](a.md#not-a-heading) [gone](c.md)\n"
+        "`[code](c.md)`\n")
+    assert [b.split(": ", 2)[1] for b in broken_links(tmp_path / "b.md")] == [
+        "a.md#two-paths", "a.md#same-2", "a.md#not-a-heading", "c.md"]
