@@ -82,7 +82,7 @@ def _core() -> Any:
     except Exception as exc:
         raise BrokenInstallError(
             f"ray-megatron-env on this node cannot load ({type(exc).__name__}: {exc}); "
-            "reinstall the same version as the driver (pip install ray-megatron-env) and "
+            "reinstall the same version as the driver (the same wheel, README.md) and "
             "restart Ray on this node"
         ) from exc
     return agent
