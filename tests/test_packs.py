@@ -344,3 +344,19 @@ def test_no_row_claims_what_its_source_was_found_to_contradict():
         assert "run scripts export 1" not in text  # slime: docker/npu_patch/slime.patch
         assert "token_dispatcher.py (overlap only" not in text  # no such line
         assert "Ascend e2e CI with the MindSpeed-LLM engine failed" not in text  # verl #7040
+
+
+def test_every_nccl_pack_reads_nccl_cumem_enable_as_nccl_does():
+    # One reader (packs/nccl_params.py) for every NCCL pack: a value that
+    # reads as off in one pack reads as off in the other (they had drifted:
+    # "junk" was off for nccl-fabric and on for nccl-host-mem). NCCL reads
+    # the variable with strtoll(str, NULL, 0) (src/misc/param.cc), so text
+    # without digits is 0, and ncclCuMemEnable() is off for 0 and for any
+    # negative value but -2 (src/misc/cudawrap.cc).
+    from ray_megatron_env.packs import nccl_fabric, nccl_host_mem
+
+    golden = {"0": True, "-1": True, "junk": True, "0x0": True, " -3": True,
+              "1": False, "-2": False, "2": False, "0x1": False, None: False, "": False}
+    for value, off in golden.items():
+        assert nccl_fabric.cumem_off(value) is off, value
+        assert nccl_host_mem.cumem_off(value) is off, value

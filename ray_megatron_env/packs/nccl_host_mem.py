@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional
 
 from ..node import P2P, NodeFacts, NodeP2P, format_driver
 from ..spec import Spec
+from .nccl_params import cumem_off, nccl_param
 from . import (
     KEEP, LEAVE, NCCL_HOST_MEM, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
@@ -89,22 +90,6 @@ ROWS = (
 _BY_ID = {row.id: row for row in ROWS}
 
 
-def _int(value: Optional[str]) -> Optional[int]:
-    """An NCCL integer parameter as NCCL reads it (strtoll base 0: 0x1 is 1)."""
-    if value is None:
-        return None
-    try:
-        return int(str(value).strip(), 0)
-    except ValueError:
-        return None
-
-
-def cumem_off(value: Optional[str]) -> bool:
-    """NCCL_CUMEM_ENABLE makes ncclCuMemEnable() false: 0, or negative but not -2."""
-    number = _int(value)
-    return number is not None and (number == 0 or (number < 0 and number != -2))
-
-
 def _outcome(variable: str, rule_id: str, value: Optional[str], reason: str) -> Outcome:
     row = _BY_ID[rule_id]
     return Outcome(variable, row.action, value, row.strength, row.id, reason)
@@ -145,7 +130,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
         elif (p2p.count or 0) >= 2:
             for variable in (P2P_DISABLE, SHM_DISABLE):
                 value = env_vars.get(variable, node_environ.get(variable))
-                if _int(value) == 1:
+                if nccl_param(value, 0) == 1:
                     decided[variable] = _outcome(
                         variable, "p2p-transports-off-on-p2p-node", str(value),
                         f"{where}: {variable}={value} is kept, but every GPU pair here has "
