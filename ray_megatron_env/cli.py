@@ -355,9 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = verbs.add_parser("demo", help="run the decision on a local simulated mixed-GPU cluster",
                             description="Start a local simulated cluster (no GPU, V100, A100, "
-                                        "2xH100, B200, H100+B200, 4xL40S), start an actor per "
-                                        "node for each example config, print what each got and "
-                                        "why.")
+                                        "2xH100, a GB200 tray, H100+B200, 4xL40S), start an "
+                                        "actor per node for each example config, print what "
+                                        "each got and why.")
     demo.add_argument("--config", help="your config (a framework's YAML or the compact form) instead of the "
                                        "examples; --role then narrows it")
     role_option(demo)

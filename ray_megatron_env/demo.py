@@ -1,12 +1,14 @@
 """The embedded demo: a simulated mixed-GPU cluster and a few verl configs.
 
 ``ray-megatron-env demo`` starts a local cluster whose nodes fake no GPU,
-V100, A100 (in an image that pins another arch list), 2xH100, B200,
-H100+B200 and 4xL40S (no peer access, CUDA driver 12.8), registers the plugin on four of them
-and not on the V100 and H100+B200 nodes (as on a cluster the user cannot
-reconfigure; the job env's setup hook decides there), starts one actor per
-node for each example config (per role where the example uses per-role
-envs; the last asks for the nccl-host-mem and torch-arch packs), and reports what each actor got, why, and which path decided.
+V100, A100 (in an image that pins another arch list), 2xH100, a GB200 tray
+(no IMEX channel in its container), H100+B200 and 4xL40S (no peer access,
+CUDA driver 12.8), registers the plugin on five of them and not on the V100
+and H100+B200 nodes (as on a cluster the user cannot reconfigure; the job
+env's setup hook decides there), starts one actor per node for each example
+config (per role where the example uses per-role envs; the last asks for the
+nccl-fabric, nccl-host-mem and torch-arch packs), and reports what each
+actor got, why, and which path decided.
 """
 
 from __future__ import annotations
@@ -17,12 +19,22 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from .check import NodeReport, alive_nodes, observe_many
 from .frameworks.loading import ConfigLike
+from .node import FAKE_NODE_VARIABLE
 from .runtime_env import build_runtime_env
-from .simulation import MIXED_NODES, SimulatedCluster, SimulatedNode
+from .simulation import MIXED_NODES, TRAY_WITHOUT_IMEX, SimulatedCluster, SimulatedNode
 
 EXAMPLES = Path(__file__).parent / "examples"
 UNREGISTERED = ("v100", "h100_b200")
-DEMO_NODES = tuple(replace(n, plugin=n.name not in UNREGISTERED) for n in MIXED_NODES)
+
+
+def _demo_node(node: SimulatedNode) -> SimulatedNode:
+    node = replace(node, plugin=node.name not in UNREGISTERED)
+    if node.name == "b200":  # the demo's Blackwell node is a tray where nccl-fabric acts
+        node = replace(node, name="gb200", env={**node.env, FAKE_NODE_VARIABLE: TRAY_WITHOUT_IMEX})
+    return node
+
+
+DEMO_NODES = tuple(_demo_node(n) for n in MIXED_NODES)
 TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
 
 
@@ -58,10 +70,11 @@ SCENARIOS = (
     Scenario("verl, FSDP engines", "verl_fsdp.yaml"),
     Scenario("verl, Megatron TP=2 actor and FSDP critic, one runtime env per role",
              "verl_megatron.yaml", ("critic.strategy=fsdp",), ("actor", "critic")),
-    # The A100 node's image pins TORCH_CUDA_ARCH_LIST="9.0 10.0"; the L40S
-    # node's GPUs lack peer access on a CUDA driver before 13.0.
-    Scenario("verl, Megatron TP=2 with packs nccl-host-mem and torch-arch",
-             "verl_megatron.yaml", packs=("nccl-host-mem", "torch-arch")),
+    # The GB200 tray's container has no IMEX channel; the A100 node's image
+    # pins TORCH_CUDA_ARCH_LIST="9.0 10.0"; the L40S node's GPUs lack peer
+    # access on a CUDA driver before 13.0.
+    Scenario("verl, Megatron TP=2 with packs nccl-fabric, nccl-host-mem and torch-arch",
+             "verl_megatron.yaml", packs=("nccl-fabric", "nccl-host-mem", "torch-arch")),
 )
 
 

@@ -41,32 +41,34 @@ def test_demo_reports_every_node_for_every_example(no_cluster):
             ("8.9",) * 4} <= generations
     values = {key: {label: n["value"] for label, n in nodes.items()}
               for key, nodes in by_title.items()}
-    pre_blackwell = {"cpu_head": None, "v100": "1", "a100": "1", "h100": "1", "b200": None,
+    pre_blackwell = {"cpu_head": None, "v100": "1", "a100": "1", "h100": "1", "gb200": None,
                      "h100_b200": "1", "l40s": "1"}
     nothing = dict.fromkeys(pre_blackwell)
     assert [v for (title, _), v in values.items() if title.startswith("verl, Megatron actor/")] \
         == [pre_blackwell]
     # The packs scenario: each node's own answer, the row named in its record
-    # (docs/packs.md): the L40S node (no peer access, driver 12.8) gets
+    # (docs/packs.md): the GB200 tray without an IMEX channel gets
+    # NCCL_MNNVL_ENABLE=0; the L40S node (no peer access, driver 12.8)
     # NCCL_CUMEM_HOST_ENABLE=0; the A100 node's image list "9.0 10.0" is
     # replaced by its own 8.0; the others get their own archs, the CPU head none.
     [packed] = [nodes for (title, _), nodes in by_title.items() if "packs" in title]
     assert values[next(k for k in values if "packs" in k[0])] == pre_blackwell
     decided = {label: {var: (entry["value"], entry["rule"])
                        for var, entry in n["decision"]["variables"].items()
-                       if var in ("NCCL_CUMEM_HOST_ENABLE", "TORCH_CUDA_ARCH_LIST")}
+                       if var in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_HOST_ENABLE",
+                                  "TORCH_CUDA_ARCH_LIST")}
                for label, n in packed.items()}
     leave = (None, "leave-to-nccl")
+    nccl = {"NCCL_MNNVL_ENABLE": leave, "NCCL_CUMEM_HOST_ENABLE": leave}
     assert decided == {
-        "cpu_head": {"NCCL_CUMEM_HOST_ENABLE": leave, "TORCH_CUDA_ARCH_LIST": (None, "leave")},
-        "v100": {"NCCL_CUMEM_HOST_ENABLE": leave, "TORCH_CUDA_ARCH_LIST": ("7.0", "unset")},
-        "a100": {"NCCL_CUMEM_HOST_ENABLE": leave,
-                 "TORCH_CUDA_ARCH_LIST": ("8.0", "misses-node-arch")},
-        "h100": {"NCCL_CUMEM_HOST_ENABLE": leave, "TORCH_CUDA_ARCH_LIST": ("9.0", "unset")},
-        "b200": {"NCCL_CUMEM_HOST_ENABLE": leave, "TORCH_CUDA_ARCH_LIST": ("10.0", "unset")},
-        "h100_b200": {"NCCL_CUMEM_HOST_ENABLE": leave,
-                      "TORCH_CUDA_ARCH_LIST": ("9.0 10.0", "unset")},
-        "l40s": {"NCCL_CUMEM_HOST_ENABLE": ("0", "no-p2p-old-driver"),
+        "cpu_head": {**nccl, "TORCH_CUDA_ARCH_LIST": (None, "leave")},
+        "v100": {**nccl, "TORCH_CUDA_ARCH_LIST": ("7.0", "unset")},
+        "a100": {**nccl, "TORCH_CUDA_ARCH_LIST": ("8.0", "misses-node-arch")},
+        "h100": {**nccl, "TORCH_CUDA_ARCH_LIST": ("9.0", "unset")},
+        "gb200": {**nccl, "NCCL_MNNVL_ENABLE": ("0", "fabric-without-imex"),
+                  "TORCH_CUDA_ARCH_LIST": ("10.0", "unset")},
+        "h100_b200": {**nccl, "TORCH_CUDA_ARCH_LIST": ("9.0 10.0", "unset")},
+        "l40s": {**nccl, "NCCL_CUMEM_HOST_ENABLE": ("0", "no-p2p-old-driver"),
                  "TORCH_CUDA_ARCH_LIST": ("8.9", "unset")}}
     assert [v for (title, _), v in values.items() if "TP=1" in title] == [nothing]
     assert [v for (title, _), v in values.items() if "FSDP engines" in title] == [nothing]
