@@ -104,7 +104,7 @@ def format_reports(reports: Iterable[Any], labelled: bool = False) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DEMO_NODES, run_demo
+    from .demo import DEMO_NODES, format_glance, format_reasons, run_demo
 
     if args.role and not args.config:
         raise MegatronEnvError("--role applies to --config; the examples set their own roles")
@@ -114,19 +114,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with ray_messages_to_stderr():
         results = run_demo(args.config, roles=[_roles(args.role)], packs=_packs(args.packs))
     if args.json:
-        print(json.dumps([{"scenario": r.title, "role": r.role,
+        print(json.dumps([{"scenario": r.title, "role": r.role, "short": r.short,
                            "nodes": [n.to_dict() for n in r.reports]} for r in results], indent=2))
         return OK
-    for result in results:
-        roles = [result.role] if isinstance(result.role, str) else result.role
-        scope = f" [role: {', '.join(roles)}]" if roles else ""
-        print(f"\n== {result.title}{scope}")
-        print(format_reports(result.reports, labelled=True))
+    print(format_glance(results))
     print()
-    print(textwrap.fill("Each node decided for its own GPUs at worker start-up: through the "
-                        "plugin where it is registered (VIA plugin), through the job env's setup "
-                        "hook in the worker where it is not (VIA setup-hook). The simulated "
-                        "cluster is shut down.", 100))
+    if args.verbose:
+        print(format_reasons(results))
+        print()
+        print("The simulated cluster is shut down.")
+    else:
+        print("The simulated cluster is shut down. --verbose shows why each node got each value.")
     return OK
 
 
@@ -355,12 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = verbs.add_parser("demo", help="run the decision on a local simulated mixed-GPU cluster",
                             description="Start a local simulated cluster (no GPU, V100, A100, "
-                                        "2xH100, B200, H100+B200, 4xL40S), start an actor per "
-                                        "node for each example config, print what each got and "
-                                        "why.")
+                                        "2xH100, a GB200 tray, H100+B200, 4xL40S), start an "
+                                        "actor per node for each example config, print what "
+                                        "each got (a node x scenario matrix, then what the "
+                                        "packs set) and, with --verbose, why.")
     demo.add_argument("--config", help="your config (a framework's YAML or the compact form) instead of the "
                                        "examples; --role then narrows it")
     role_option(demo)
+    demo.add_argument("--verbose", action="store_true",
+                      help="after the matrix, each node's reason per scenario (and its ID and IP)")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(run=cmd_demo)
 

@@ -86,6 +86,11 @@ PCIE_NO_P2P_OLD_DRIVER = '{"p2p": "none", "cuda_driver": "12.8"}'
 # An image built for Hopper and Blackwell (NeMo-RL's pins "9.0 10.0"): on an
 # A100 node it lists no arch of the node's GPU (torch-arch).
 WRONG_ARCH_IMAGE = {"TORCH_CUDA_ARCH_LIST": "9.0 10.0"}
+# A GB200-like tray in a multi-node NVLink domain (fabric registered, a
+# cluster UUID) whose container has no IMEX channel (nccl-fabric).
+TRAY_WITHOUT_IMEX = ('{"fabric": {"state": "completed", "status": "success", "cluster_uuid": '
+                     '"3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01", "clique_id": 32766, '
+                     '"health": "ok"}, "imex_channel": "absent"}')
 
 MIXED_NODES: Tuple[SimulatedNode, ...] = (
     SimulatedNode("cpu_head", "none"),
