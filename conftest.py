@@ -21,7 +21,8 @@ import pytest
 import ray_megatron_env
 from ray_megatron_env.node import FAKE_NODE_VARIABLE
 from ray_megatron_env.simulation import (
-    PCIE_NO_P2P_OLD_DRIVER, WRONG_ARCH_IMAGE, SimulatedCluster, SimulatedNode, ray_processes,
+    PCIE_NO_P2P_OLD_DRIVER, TRAY_WITHOUT_IMEX, WRONG_ARCH_IMAGE, SimulatedCluster, SimulatedNode,
+    ray_processes,
 )
 
 FAKES = Path(__file__).parent / "tests" / "fakes"
@@ -92,10 +93,6 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
 
 
 HGX_FABRIC_NOT_READY = '{"fabric": {"state": "not_started"}}'
-TRAY_WITHOUT_IMEX = ('{"fabric": {"state": "completed", "status": "success", "cluster_uuid": '
-                     '"3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01", "clique_id": 32766, '
-                     '"health": "ok"}, "imex_channel": "absent"}')
-
 NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
 
 NODE_SETS: Dict[str, NodeSet] = {
