@@ -93,6 +93,7 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
 
 
 HGX_FABRIC_NOT_READY = '{"fabric": {"state": "not_started"}}'
+
 NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
 
 NODE_SETS: Dict[str, NodeSet] = {
