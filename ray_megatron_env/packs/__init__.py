@@ -33,7 +33,6 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..node import FABRIC
 from ..values import FIELD, read_names, show
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -145,10 +144,6 @@ class Pack:
     # only for jobs that ask for the pack.
     fact_kinds: Tuple[str, ...] = ()
     defaults: Tuple[Tuple[str, str], ...] = field(default=())  # variable -> the library's default
-
-    @property
-    def needs_fabric(self) -> bool:
-        return FABRIC in self.fact_kinds
 
     def row(self, rule_id: str) -> PackRow:
         return next(r for r in self.rows if r.id == rule_id)
