@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -190,7 +191,17 @@ class JobCluster:
              f"--runtime-env={job_env}", f"--working-dir={workdir}", "--",
              "python", "driver.py", shape, ",".join(nodes)],
             env=env, capture_output=True, text=True, timeout=240)
-        return done.returncode, done.stdout + done.stderr
+        output = done.stdout + done.stderr
+        # The submit command's log tail can stop before the driver's last
+        # lines reach it (seen on Ray 2.41): read the finished job's log whole.
+        found = re.search(r"Job '(raysubmit_\w+)' submitted", output)
+        if found:
+            logs = subprocess.run(
+                [str(BIN / "ray"), "job", "logs",
+                 f"--address=http://127.0.0.1:{self.dashboard_port}", found.group(1)],
+                env=env, capture_output=True, text=True, timeout=60)
+            output += logs.stdout
+        return done.returncode, output
 
     def stop(self):
         """SIGTERM, then SIGKILL after 5 s, every process of this cluster,
