@@ -131,6 +131,8 @@ class JobCluster:
         for name in ("RAY_ADDRESS", "RAY_RUNTIME_ENV_PLUGINS", "RAY_OVERRIDE_JOB_RUNTIME_ENV"):
             env.pop(name, None)
         env.update(NOT_INSTALLED)
+        # The entrypoint's `python` is this venv's, as on a node whose image has Ray.
+        env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
         env.update({"RAY_TMPDIR": self.tmpdir, "RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
                     "RAY_worker_maximum_startup_concurrency": "1",
                     "RAY_USAGE_STATS_ENABLED": "0",
