@@ -56,6 +56,9 @@ NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--runtime-env-age
               "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port",
               "--metrics-export-port")
 HEAD_PORTS = ("--port", "--dashboard-port", "--ray-client-server-port")
+# In the environment of every process this module's cluster starts (beside
+# RAY_TMPDIR): what its stop looks for.
+MARKER = "RME_JOB_CLUSTER"
 HEALTH_CHECK = '{"health_check_period_ms": 3000, "health_check_failure_threshold": 40}'
 
 DRIVER = r'''
@@ -133,7 +136,8 @@ class JobCluster:
         env.update(NOT_INSTALLED)
         # The entrypoint's `python` is this venv's, as on a node whose image has Ray.
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-        env.update({"RAY_TMPDIR": self.tmpdir, "RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
+        env.update({"RAY_TMPDIR": self.tmpdir, MARKER: self.tmpdir,
+                    "RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
                     "RAY_worker_maximum_startup_concurrency": "1",
                     "RAY_USAGE_STATS_ENABLED": "0",
                     SESSION_VARIABLE: os.environ.get(SESSION_VARIABLE, "")})
@@ -197,11 +201,11 @@ class JobCluster:
         an agent again while it is being stopped)."""
         from ray_megatron_env.simulation import ray_processes
 
-        ours = f"RAY_TMPDIR={self.tmpdir}"
         started = time.monotonic()
         quiet = 0
         while quiet < 3 and time.monotonic() - started < 60:
-            left = ray_processes(ours)
+            left = {**ray_processes(f"RAY_TMPDIR={self.tmpdir}"),
+                    **ray_processes(f"{MARKER}={self.tmpdir}")}
             quiet = 0 if left else quiet + 1
             for pid in left:
                 try:
