@@ -136,11 +136,14 @@ class JobCluster:
         env.update(NOT_INSTALLED)
         # The entrypoint's `python` is this venv's, as on a node whose image has Ray.
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-        env.update({"RAY_TMPDIR": self.tmpdir, MARKER: self.tmpdir,
-                    "RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
+        env.update({"RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
                     "RAY_worker_maximum_startup_concurrency": "1",
-                    "RAY_USAGE_STATS_ENABLED": "0",
-                    SESSION_VARIABLE: os.environ.get(SESSION_VARIABLE, "")})
+                    "RAY_USAGE_STATS_ENABLED": "0"})
+        # Last: the variables that find this cluster's processes again.
+        for name, value in ((SESSION_VARIABLE, os.environ.get(SESSION_VARIABLE, "")),
+                            ("RAY_TMPDIR", self.tmpdir), (MARKER, self.tmpdir)):
+            env.pop(name, None)
+            env[name] = value
         return env
 
     def start(self):
@@ -206,6 +209,7 @@ class JobCluster:
         while quiet < 3 and time.monotonic() - started < 60:
             left = {**ray_processes(f"RAY_TMPDIR={self.tmpdir}"),
                     **ray_processes(f"{MARKER}={self.tmpdir}")}
+            left = descendants(left)
             quiet = 0 if left else quiet + 1
             for pid in left:
                 try:
@@ -215,6 +219,25 @@ class JobCluster:
                     pass
             time.sleep(0.5)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def descendants(pids):
+    """``pids`` and every live process below them: the agents a raylet
+    starts are its children, and a Ray process that sets its title
+    (ray::DashboardAgent) blanks what /proc/PID/environ shows of it."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, grew = set(pids), True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return found
 
 
 @pytest.fixture(scope="module")
