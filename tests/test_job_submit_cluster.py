@@ -226,12 +226,14 @@ def descendants(pids):
     starts are its children, and a Ray process that sets its title
     (ray::DashboardAgent) blanks what /proc/PID/environ shows of it."""
     parents = {}
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
         except (OSError, ValueError, IndexError):
             continue
+        if state != "Z":
+            parents[int(entry)] = int(parent)
     found, grew = set(pids), True
     while grew:
         more = {pid for pid, parent in parents.items() if parent in found} - found
