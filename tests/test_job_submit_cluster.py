@@ -60,6 +60,9 @@ NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--runtime-env-age
               "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port",
               "--metrics-export-port")
 HEAD_PORTS = ("--port", "--dashboard-port", "--ray-client-server-port")
+# In the environment of every process this module's cluster starts (beside
+# RAY_TMPDIR): what its stop looks for.
+MARKER = "RME_JOB_CLUSTER"
 HEALTH_CHECK = '{"health_check_period_ms": 3000, "health_check_failure_threshold": 40}'
 
 DRIVER = r'''
@@ -135,10 +138,16 @@ class JobCluster:
         for name in ("RAY_ADDRESS", "RAY_RUNTIME_ENV_PLUGINS", "RAY_OVERRIDE_JOB_RUNTIME_ENV"):
             env.pop(name, None)
         env.update(NOT_INSTALLED)
-        env.update({"RAY_TMPDIR": self.tmpdir, "RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
+        # The entrypoint's `python` is this venv's, as on a node whose image has Ray.
+        env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+        env.update({"RAY_MEGATRON_ENV_FAKE_GPUS": gpus,
                     "RAY_worker_maximum_startup_concurrency": "1",
-                    "RAY_USAGE_STATS_ENABLED": "0",
-                    SESSION_VARIABLE: os.environ.get(SESSION_VARIABLE, "")})
+                    "RAY_USAGE_STATS_ENABLED": "0"})
+        # Last: the variables that find this cluster's processes again.
+        for name, value in ((SESSION_VARIABLE, os.environ.get(SESSION_VARIABLE, "")),
+                            ("RAY_TMPDIR", self.tmpdir), (MARKER, self.tmpdir)):
+            env.pop(name, None)
+            env[name] = value
         return env
 
     def start(self):
@@ -209,11 +218,12 @@ class JobCluster:
         an agent again while it is being stopped)."""
         from ray_megatron_env.simulation import ray_processes
 
-        ours = f"RAY_TMPDIR={self.tmpdir}"
         started = time.monotonic()
         quiet = 0
         while quiet < 3 and time.monotonic() - started < 60:
-            left = ray_processes(ours)
+            left = {**ray_processes(f"RAY_TMPDIR={self.tmpdir}"),
+                    **ray_processes(f"{MARKER}={self.tmpdir}")}
+            left = descendants(left)
             quiet = 0 if left else quiet + 1
             for pid in left:
                 try:
@@ -223,6 +233,27 @@ class JobCluster:
                     pass
             time.sleep(0.5)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def descendants(pids):
+    """``pids`` and every live process below them: the agents a raylet
+    starts are its children, and a Ray process that sets its title
+    (ray::DashboardAgent) blanks what /proc/PID/environ shows of it."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):
+            continue
+        if state != "Z":
+            parents[int(entry)] = int(parent)
+    found, grew = set(pids), True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return found
 
 
 @pytest.fixture(scope="module")
