@@ -3,13 +3,17 @@
 A head started with `ray start --head` and its dashboard (Ray's job server),
 worker nodes started with `ray start`, none of them with this package
 installed (tests/fakes/not_installed hides it) or the plugin registered;
-GPUs faked per node. Each job is submitted with
-`ray job submit --runtime-env FILE --working-dir DIR -- python driver.py SHAPE`,
-FILE written by `ray-megatron-env runtime-env CONFIG --ship-package`. The
-drivers are of the shapes the frameworks have (verl: its own env_vars;
-NeMo-RL: its whole environment; a driver with its own setup hook, a string
-and a callable), each with and without RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the
-job env, all on the same nodes, one after another.
+GPUs faked per node. A job is submitted with
+`ray job submit --runtime-env FILE --working-dir DIR -- python drivers.py SHAPE...`,
+FILE written by `ray-megatron-env runtime-env CONFIG --ship-package`, once
+without and once with RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the job env. Its
+entrypoint runs one driver process per shape, one after another: each is a
+Ray job of its own (its own `ray.init`, which merges the submitted env read
+from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted driver does), so two
+submissions run twelve jobs in a row on the same nodes. The drivers are of
+the shapes the frameworks have (verl: its own env_vars; NeMo-RL: its whole
+environment; a driver with its own setup hook, a string and a callable; a
+driver whose env_vars clash with the job env's).
 
 Expected values are the rule table's (docs/rules.md), not the package's:
 the actor and ref of verl's Megatron TP=2 example
@@ -17,7 +21,7 @@ the actor and ref of verl's Megatron TP=2 example
 (megatron-model-parallel), nothing on B200 (megatron-blackwell) or on a
 node without a GPU (no-gpu).
 
-One cluster for the module, one task per node per job. Marked slow: the
+One cluster for the module, one task per node per driver. Marked slow: the
 README's command leaves it to .ci/run.
 """
 
@@ -50,9 +54,9 @@ ROOT = Path(__file__).parent.parent
 FAKES = Path(__file__).parent / "fakes"
 BIN = Path(sys.executable).parent
 # name -> RAY_MEGATRON_ENV_FAKE_GPUS; the first is the head.
-NODES = {"head": "none", "h100": "9.0", "a100": "8.0", "b200": "10.0"}
+NODES = {"head": "none", "h100": "9.0", "b200": "10.0"}
 # From the rule table, for a verl Megatron TP=2 job: value, per node.
-EXPECTED = {"head": None, "h100": "1", "a100": "1", "b200": None}
+EXPECTED = {"head": None, "h100": "1", "b200": None}
 # Every port a node listens on that Ray would otherwise take from a fixed
 # default (52365 for the dashboard agent, 10001 for the client server) or
 # pick in Python (2.41), where two nodes on one host can collide.
@@ -101,6 +105,23 @@ def seen():
 names = sys.argv[2].split(",")
 refs = [seen.options(resources={"rme_" + n: 1}).remote() for n in names]
 print("RESULT " + json.dumps(dict(zip(names, ray.get(refs, timeout=120)))), flush=True)
+'''
+
+# The entrypoint: each shape's driver in a process of its own, in a row,
+# each framed by lines that tell its output from the next one's. The drivers
+# run from a copy of the working dir: when a driver's job ends, Ray may
+# remove the node's copy of the job's working_dir, the entrypoint's cwd (seen
+# on Ray 2.60 with several drivers in one entrypoint).
+DRIVERS = r'''
+import shutil, subprocess, sys, tempfile
+
+nodes, shapes = sys.argv[1], sys.argv[2:]
+here = shutil.copytree(".", tempfile.mkdtemp() + "/job")
+for shape in shapes:
+    print("=== BEGIN " + shape, flush=True)
+    code = subprocess.run([sys.executable, "driver.py", shape, nodes], cwd=here).returncode
+    print("=== END %s %d" % (shape, code), flush=True)
+shutil.rmtree(here, ignore_errors=True)
 '''
 
 USER_HOOK = '''
@@ -191,15 +212,16 @@ class JobCluster:
             assert time.monotonic() < deadline, out.stdout[-2000:] + out.stderr[-2000:]
             time.sleep(1)
 
-    def submit(self, job_env, workdir, shape, nodes=tuple(NODES)):
-        """Submit one job; (exit code, everything the job printed)."""
+    def submit(self, job_env, workdir, shapes, nodes=tuple(NODES)):
+        """Submit one job whose entrypoint runs each shape's driver in a row;
+        (exit code, everything the job printed)."""
         env = self.environment("none")
         done = subprocess.run(
             [str(BIN / "ray"), "job", "submit",
              f"--address=http://127.0.0.1:{self.dashboard_port}",
              f"--runtime-env={job_env}", f"--working-dir={workdir}", "--",
-             "python", "driver.py", shape, ",".join(nodes)],
-            env=env, capture_output=True, text=True, timeout=240)
+             "python", "drivers.py", ",".join(nodes), *shapes],
+            env=env, capture_output=True, text=True, timeout=300)
         output = done.stdout + done.stderr
         # The submit command's log tail can stop before the driver's last
         # lines reach it (seen on Ray 2.41): read the finished job's log whole.
@@ -267,6 +289,7 @@ def job_cluster(no_cluster):
 def workdir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("job")
     (folder / "driver.py").write_text(DRIVER)
+    (folder / "drivers.py").write_text(DRIVERS)
     (folder / "userhook.py").write_text(USER_HOOK)
     return folder
 
@@ -303,37 +326,55 @@ def result(output):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def by_shape(output):
+    """Each driver's (exit code, output), from the entrypoint's frames."""
+    found = {}
+    for shape, body, code in re.findall(r"^=== BEGIN (\S+)\n(.*?)^=== END \1 (-?\d+)$",
+                                         output, re.S | re.M):
+        found[shape] = (int(code), body)
+    return found
+
+
 SHAPES = {  # shape -> what the driver's own hook leaves in each worker
     "verl": None, "nemo-rl": None, "hook-string": "string:after",
     "hook-callable": "callable:after", "nemo-rl-hook": "string:after"}
 
 
-def test_jobs_in_a_row_get_every_nodes_value_and_the_drivers_own_hook(job_cluster, workdir,
-                                                                     job_envs):
-    runs = []
+@pytest.fixture(scope="module")
+def drivers(job_cluster, workdir, job_envs):
+    """override -> shape -> (exit code, output): one submission for each
+    job env, every shape's driver in it, the clashing one last."""
+    runs = {}
     for override in (False, True):
-        for shape, hook in SHAPES.items():
-            code, output = job_cluster.submit(job_envs[override], workdir, shape)
-            assert code == 0, (shape, override, output[-4000:])
-            got = result(output)
-            runs.append((shape, override, got))
-            # Every worker decided (no plugin anywhere: the setup hook), its
-            # node's value, and the driver's own hook ran after ours.
-            assert {n: (w["value"], w["via"], w["hook"]) for n, w in got.items()} == {
-                n: (EXPECTED[n], "setup-hook", hook) for n in NODES}, (shape, override)
-    assert len(runs) == 2 * len(SHAPES)
+        code, output = job_cluster.submit(job_envs[override], workdir, [*SHAPES, "clash"])
+        # The entrypoint ends well even when a driver fails: each driver's
+        # own exit code is in its frame.
+        assert code == 0, output[-4000:]
+        runs[override] = by_shape(output)
+        assert list(runs[override]) == [*SHAPES, "clash"], output[-4000:]
+    return runs
 
 
-def test_a_real_conflict_fails_before_any_worker_starts_and_names_the_fix(job_cluster, workdir,
-                                                                          job_envs):
+@pytest.mark.parametrize("override", (False, True), ids=("job-env", "override-in-job-env"))
+def test_drivers_in_a_row_get_every_nodes_value_and_the_drivers_own_hook(drivers, override):
+    for shape, hook in SHAPES.items():
+        code, output = drivers[override][shape]
+        assert code == 0, (shape, override, output[-4000:])
+        # Every worker decided (no plugin anywhere: the setup hook), its
+        # node's value, and the driver's own hook ran after ours.
+        assert {n: (w["value"], w["via"], w["hook"]) for n, w in result(output).items()} == {
+            n: (EXPECTED[n], "setup-hook", hook) for n in NODES}, (shape, override)
+
+
+def test_a_real_conflict_fails_before_any_worker_starts_and_names_the_fix(drivers):
     # The job env sets NCCL_DEBUG=WARN, the driver NCCL_DEBUG=INFO: Ray itself
     # would refuse that merge, and so does the job env, naming the key and
     # the line that lets the driver's value win.
-    code, output = job_cluster.submit(job_envs[False], workdir, "clash")
+    code, output = drivers[False]["clash"]
     assert code != 0
     assert "env_vars.NCCL_DEBUG" in output and "RAY_MEGATRON_ENV_MERGE: override" in output
     assert "CONNECTED" not in output and "RESULT " not in output
     # With Ray's override asked for in the job env, the driver's value wins.
-    code, output = job_cluster.submit(job_envs[True], workdir, "clash")
+    code, output = drivers[True]["clash"]
     assert code == 0, output[-4000:]
     assert {n: w["value"] for n, w in result(output).items()} == EXPECTED
