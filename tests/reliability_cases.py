@@ -277,7 +277,7 @@ FAULTS: Tuple[Fault, ...] = (
           "node's value; one probe per node per agent process; no deadlock; the agents' "
           "resident memory stays flat", "nothing",
           ("test_load.py::test_many_actors_at_once",)),
-    Fault("the plugin called 1000 times as the agent calls it (`validate`, `create`, "
+    Fault("the plugin called 500 times as the agent calls it (`validate`, `create`, "
           "`modify_context`), 5 runtime envs", "less than 32 bytes kept per call "
           "(tracemalloc, after a collection)", "nothing",
           ("test_load.py::test_the_plugin_keeps_nothing_per_worker",)),

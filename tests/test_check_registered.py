@@ -1,8 +1,15 @@
-"""check on a cluster where every node registers the plugin."""
+"""check on a cluster where every node registers the plugin.
+
+Marked slow: the "registered" set is the load test's; .ci/run's slow step
+runs these on the cluster it starts for the load test anyway, and the
+README's command starts one cluster fewer (15 s).
+"""
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 from configs import MEGATRON_TP2, verl
 from conftest import NODE_SETS
@@ -10,6 +17,7 @@ from ray_megatron_env import check_cluster
 from ray_megatron_env.check import alive_nodes
 
 CLUSTER = "registered"
+pytestmark = pytest.mark.slow
 
 
 def test_check_strict_passes_and_reports_every_node(cluster):

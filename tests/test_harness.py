@@ -44,6 +44,7 @@ def test_a_cluster_shutdown_stops_a_process_ray_left_behind(no_cluster):
     # As a node's dashboard agent still starting when its cluster stops: it
     # carries the cluster's RAY_TMPDIR and outlives Ray's own shutdown.
     cluster = SimulatedCluster([SimulatedNode("solo", "9.0")]).start(connect=False)
+    cluster.straggler_grace_s = 1.0  # the straggler never leaves by itself: no 5 s wait
     try:
         straggler = _sleeper(dict(os.environ), "/site-packages/ray/dashboard/agent.py")
         elsewhere = _sleeper({k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"},

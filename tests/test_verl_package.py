@@ -114,6 +114,8 @@ def _check(group, expected, role):
     return len(seen)
 
 
+# slow: on the load test's "registered" set, as test_check_registered.py.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ACCELERATORS))
 def test_every_rank_of_verls_trainer_worker_group_gets_its_nodes_value(as_job, name):
     group, pool = _group(name, 2)  # verl's trainer: no name_prefix, a random WG_PREFIX
@@ -123,6 +125,7 @@ def test_every_rank_of_verls_trainer_worker_group_gets_its_nodes_value(as_job, n
         _release(group, pool)
 
 
+@pytest.mark.slow
 def test_a_standalone_rollout_group_and_the_trainer_differ_under_one_job_env(as_job):
     trainer, trainer_pool = _group("h100", 2)
     rollout, rollout_pool = _group("h100", 1, prefix="rollout_standalone_0")  # replica.py
