@@ -107,6 +107,27 @@ def alive_nodes() -> List[Tuple[str, str]]:
     return [(n["NodeID"], n["NodeManagerAddress"]) for n in ray.nodes() if n["Alive"]]
 
 
+def select_nodes(alive: Sequence[Tuple[str, str]],
+                 wanted: Sequence[str]) -> List[Tuple[str, str]]:
+    """The ``alive`` (node id, IP) pairs that ``wanted`` names, in cluster
+    order: every node whose id starts with an entry (check's table shows the
+    first 8 digits) or whose IP is one. An entry that names no alive node is
+    an error, never an empty check."""
+    from .errors import NodeSelectionError
+
+    entries = [w.strip().lower() for w in wanted if w.strip()]
+    if not entries:
+        raise NodeSelectionError("no node named: give a node id, an id prefix or an IP")
+    unmatched = [e for e in entries
+                 if not any(node_id.startswith(e) or ip == e for node_id, ip in alive)]
+    if unmatched:
+        raise NodeSelectionError(
+            f"no alive node has the id (or id prefix) or IP {', '.join(map(repr, unmatched))}; "
+            f"alive: {', '.join(f'{node_id[:8]} ({ip})' for node_id, ip in alive) or 'none'}")
+    return [(node_id, ip) for node_id, ip in alive
+            if any(node_id.startswith(e) or ip == e for e in entries)]
+
+
 def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],
             timeout_s: float = DEFAULT_TIMEOUT_S,
             labels: Optional[Dict[str, str]] = None) -> List[NodeReport]:
@@ -244,8 +265,10 @@ def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
                   address: Optional[str] = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S,
                   packs: Optional[Sequence[str]] = None,
-                  base: Optional[Dict[str, Any]] = None) -> List[NodeReport]:
-    """Preflight every alive node.
+                  base: Optional[Dict[str, Any]] = None,
+                  nodes: Optional[Sequence[str]] = None) -> List[NodeReport]:
+    """Preflight every alive node, or the alive nodes ``nodes`` names (node
+    ids, id prefixes or IPs; ``NodeSelectionError`` for one that names none).
 
     From a connected driver it uses that connection; otherwise it connects to
     ``address`` (default: auto) and disconnects again, so a trainer can call
@@ -278,7 +301,8 @@ def check_cluster(config: Optional[ConfigLike] = None, *, role: Roles = None,
         ray.init(address=address or "auto", log_to_driver=False, logging_level="WARNING",
                  runtime_env=uploads or None)
     try:
-        return observe_many([(alive_nodes(), runtime_env)], timeout_s, fabric=advise)[0]
+        targets = alive_nodes() if nodes is None else select_nodes(alive_nodes(), nodes)
+        return observe_many([(targets, runtime_env)], timeout_s, fabric=advise)[0]
     finally:
         if connected_here:
             ray.shutdown()

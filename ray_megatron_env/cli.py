@@ -135,7 +135,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         with ray_messages_to_stderr():
             reports = check_cluster(args.config, role=_roles(args.role), address=args.address,
                                     timeout_s=args.timeout, packs=_packs(args.packs),
-                                    base=_shipped_package() if args.ship_package else None)
+                                    base=_shipped_package() if args.ship_package else None,
+                                    nodes=_nodes(args.node))
     except ConnectionError as exc:
         print(f"ray-megatron-env check: cannot reach the cluster: {exc}", file=sys.stderr)
         return UNREACHABLE
@@ -144,6 +145,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(format_check(reports))
     return PROBLEM if args.strict and any(not r.ok for r in reports) else OK
+
+
+def _nodes(option: Optional[List[str]]) -> Optional[List[str]]:
+    """--node, repeatable or comma-separated; None (every node) without it."""
+    return None if option is None else [n for value in option for n in value.split(",")]
 
 
 def ray_messages_to_stderr() -> "contextlib.AbstractContextManager[Any]":
@@ -380,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--ship-package", action="store_true",
                        help="ship this package to the probe actors in py_modules, as a job "
                             "that ships it does (for nodes where it is not installed)")
+    check.add_argument("--node", action="append", metavar="NODE",
+                       help="check only this node: its id, an id prefix (as the table shows "
+                            "it) or its IP; repeatable or comma-separated (default: every "
+                            "alive node)")
     check.add_argument("--json", action="store_true", help="a JSON array, one object per node")
     check.set_defaults(run=cmd_check)
 

@@ -22,5 +22,9 @@ class RegistrationError(MegatronEnvError, ValueError):
     """RAY_RUNTIME_ENV_PLUGINS cannot be merged without losing something."""
 
 
+class NodeSelectionError(MegatronEnvError, ValueError):
+    """A node asked for by ID or IP is not an alive node of the cluster."""
+
+
 class EnvironmentVariableError(MegatronEnvError, ValueError):
     """A RAY_MEGATRON_ENV_* variable this package reads has a value it cannot use."""

@@ -1,6 +1,7 @@
 """The command line, offline verbs: explain, register, runtime-env, help."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -304,6 +305,55 @@ def test_check_reports_problems_but_fails_only_with_strict(capsys, monkeypatch):
     assert max(len(line) for line in out.splitlines()) <= 100
     code, _, _ = run(capsys, "check", "--strict")
     assert code == 1
+
+
+ALIVE = [("ab12cd34" + "1" * 48, "10.0.0.7"), ("ab12ff00" + "2" * 48, "10.0.0.8"),
+         ("9f00aa11" + "3" * 48, "10.0.0.8")]
+
+
+@pytest.mark.parametrize("wanted, expected", [
+    (["ab12cd34"], [0]),                          # the table's 8 digits
+    (["AB12CD34" + "1" * 48], [0]),               # a whole id, any case
+    (["ab12"], [0, 1]),                           # a prefix: every node it starts
+    (["10.0.0.8"], [1, 2]),                       # an IP: every node there
+    (["9f00aa11", "10.0.0.7"], [0, 2]),           # several, in cluster order
+    ([" 9f00aa11 ", "9f00"], [2]),                # each node once
+])
+def test_check_selects_nodes_by_id_prefix_or_ip(wanted, expected):
+    from ray_megatron_env.check import select_nodes
+
+    assert select_nodes(ALIVE, wanted) == [ALIVE[i] for i in expected]
+
+
+@pytest.mark.parametrize("wanted, words", [
+    (["ab12cd34", "10.0.0.9"], "'10.0.0.9'; alive: ab12cd34 (10.0.0.7), ab12ff00 (10.0.0.8)"),
+    (["cd34"], "'cd34'"),                         # not a prefix
+    ([" "], "no node named"),
+])
+def test_check_refuses_a_node_that_is_not_alive(wanted, words):
+    from ray_megatron_env.check import select_nodes
+    from ray_megatron_env.errors import NodeSelectionError
+
+    with pytest.raises(NodeSelectionError, match=re.escape(words)):
+        select_nodes(ALIVE, wanted)
+
+
+def test_check_passes_node_to_check_cluster_and_exits_2_for_one_not_alive(capsys, monkeypatch):
+    from ray_megatron_env import check
+    from ray_megatron_env.check import select_nodes
+
+    asked = []
+
+    def check_cluster(*args, nodes=None, **kwargs):
+        asked.append(nodes)
+        select_nodes(ALIVE, nodes)
+        return []
+
+    monkeypatch.setattr(check, "check_cluster", check_cluster)
+    assert run(capsys, "check", "--node", "ab12cd34,10.0.0.8", "--node", "9f00")[0] == OK
+    code, _, err = run(capsys, "check", "--node", "10.9.9.9")
+    assert asked == [["ab12cd34", "10.0.0.8", "9f00"], ["10.9.9.9"]]
+    assert code == BAD_INPUT and "ray-megatron-env check: no alive node has" in err
 
 
 def test_check_json_stays_json_when_ray_prints_to_stdout(capsys, monkeypatch):

@@ -168,13 +168,17 @@ def test_a_node_without_the_package_says_so_when_the_job_does_not_ship_it(cluste
 @pytest.mark.ray_version_specific
 def test_check_ships_the_package_as_a_job_would(cluster):
     # check connects itself (a driver of its own), as the CLI does.
+    # --node: that node alone (its first 8 digits, as check's table shows them).
+    node_id = cluster.node_ids["not_installed"]
+
     def on_node(*options):
         result = subprocess.run([sys.executable, "-m", "ray_megatron_env", "check", "--address",
-                                 cluster.address, "--json", *options],
+                                 cluster.address, "--json", "--node", node_id[:8], *options],
                                 capture_output=True, text=True, timeout=180)
         assert result.returncode == 0, result.stderr[-3000:]
-        node_id = cluster.node_ids["not_installed"]
-        return next(r for r in json.loads(result.stdout) if r["node_id"] == node_id)
+        [report] = json.loads(result.stdout)
+        assert report["node_id"] == node_id
+        return report
 
     shipped = on_node("--ship-package")
     assert (shipped["via"], shipped["registered"], shipped["ok"]) == ("setup-hook", False, True)
