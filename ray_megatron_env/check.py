@@ -118,14 +118,16 @@ def select_nodes(alive: Sequence[Tuple[str, str]],
     entries = [w.strip().lower() for w in wanted if w.strip()]
     if not entries:
         raise NodeSelectionError("no node named: give a node id, an id prefix or an IP")
-    unmatched = [e for e in entries
-                 if not any(node_id.startswith(e) or ip == e for node_id, ip in alive)]
+
+    def names(entry: str, node: Tuple[str, str]) -> bool:
+        return node[0].startswith(entry) or node[1] == entry
+
+    unmatched = [e for e in entries if not any(names(e, node) for node in alive)]
     if unmatched:
         raise NodeSelectionError(
             f"no alive node has the id (or id prefix) or IP {', '.join(map(repr, unmatched))}; "
             f"alive: {', '.join(f'{node_id[:8]} ({ip})' for node_id, ip in alive) or 'none'}")
-    return [(node_id, ip) for node_id, ip in alive
-            if any(node_id.startswith(e) or ip == e for e in entries)]
+    return [node for node in alive if any(names(e, node) for e in entries)]
 
 
 def observe(nodes: Iterable[Tuple[str, str]], runtime_env: Dict[str, Any],

@@ -38,12 +38,14 @@ REGISTRATION = json.dumps([{"class": CLASS_PATH}])
 # nodes over-subscribes them, and each start then costs more CPU (measured on
 # 2 cores: about 0.9 CPU-s per worker with 9 starting at once, 0.6 with 2).
 # One start at a time per simulated node instead.
+#
 # Nothing reads a simulated node's metrics, and exporting them costs every
 # worker start CPU (44 worker starts on the tests' 12-node set: 122 CPU-s
 # with, 107 without): metrics off, and each dashboard agent's node report
 # once a minute instead of every 5 s.
-SHARED_CORES = {"RAY_worker_maximum_startup_concurrency": "1",
-                "RAY_enable_metrics_collection": "0", "REPORTER_UPDATE_INTERVAL_MS": "60000"}
+NODE_RAY_SETTINGS = {"RAY_worker_maximum_startup_concurrency": "1",
+                     "RAY_enable_metrics_collection": "0",
+                     "REPORTER_UPDATE_INTERVAL_MS": "60000"}
 # The ports a node's agents listen on. Some Ray versions pick them in Python
 # (Node._get_cached_port: 2.41 does; 2.60's raylet binds port 0 itself),
 # each a random free port that excludes only the same node's others: two simulated nodes on one host can pick the same port
@@ -162,7 +164,7 @@ class SimulatedCluster:
             num_cpus=node.cpus, num_gpus=node.gpus,
             resources={node.resource: 10_000, **node.resources},
             object_store_memory=self._object_store,
-            env_vars={**SHARED_CORES, **node.environment()}, **self._agent_ports(), **ray_params)
+            env_vars={**NODE_RAY_SETTINGS, **node.environment()}, **self._agent_ports(), **ray_params)
         self.node_ids[node.name] = started.node_id
 
     def _agent_ports(self) -> Dict[str, int]:

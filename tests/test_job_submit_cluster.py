@@ -44,7 +44,7 @@ import pytest
 
 from configs import MEGATRON_YAML
 from jobs import driver_environment
-from ray_megatron_env.simulation import SHARED_CORES
+from ray_megatron_env.simulation import NODE_RAY_SETTINGS
 
 # ray_version_specific: job submission, the job config and the runtime env merge
 # (RAY_OVERRIDE_JOB_RUNTIME_ENV, the setup-hook consistency check of 2.60) are
@@ -162,7 +162,7 @@ class JobCluster:
         env.update(NOT_INSTALLED)
         # The entrypoint's `python` is this venv's, as on a node whose image has Ray.
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-        env.update({"RAY_MEGATRON_ENV_FAKE_GPUS": gpus, **SHARED_CORES,
+        env.update({"RAY_MEGATRON_ENV_FAKE_GPUS": gpus, **NODE_RAY_SETTINGS,
                     "RAY_USAGE_STATS_ENABLED": "0"})
         # Last: the variables that find this cluster's processes again.
         for name, value in ((SESSION_VARIABLE, os.environ.get(SESSION_VARIABLE, "")),
