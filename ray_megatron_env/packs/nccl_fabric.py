@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from ..spec import Spec
-from .nccl_params import cumem_off
+from .nccl_params import cumem_off, worker_value
 from . import (
     KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
@@ -194,7 +194,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
         where = fabric.describe()
         decided.update(_fabric_rows(fabric, facts, where))
         if fabric.attached and MNNVL not in decided:
-            cumem = env_vars.get(CUMEM, node_environ.get(CUMEM))
+            cumem = worker_value(CUMEM, env_vars, node_environ)
             if cumem_off(cumem):
                 outcome, warning = _cumem(spec, facts, where, str(cumem))
                 decided[CUMEM] = outcome

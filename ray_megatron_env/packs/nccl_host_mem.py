@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional
 
 from ..node import P2P, NodeFacts, NodeP2P, format_driver
 from ..spec import Spec
-from .nccl_params import cumem_off, nccl_param
+from .nccl_params import cumem_off, nccl_param, worker_value
 from . import (
     KEEP, LEAVE, NCCL_HOST_MEM, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
@@ -113,7 +113,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
         where = p2p.describe()
         if (p2p.count or 0) >= 2 and p2p.without:
             old = p2p.cuda_driver is None or p2p.cuda_driver < FIXED_DRIVER
-            cumem = env_vars.get(CUMEM, node_environ.get(CUMEM))
+            cumem = worker_value(CUMEM, env_vars, node_environ)
             if old and cumem_off(cumem):
                 decided[HOST] = _outcome(
                     HOST, "cumem-off", None,
@@ -129,7 +129,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                     "[no-p2p-old-driver]")
         elif (p2p.count or 0) >= 2:
             for variable in (P2P_DISABLE, SHM_DISABLE):
-                value = env_vars.get(variable, node_environ.get(variable))
+                value = worker_value(variable, env_vars, node_environ)
                 if nccl_param(value, 0) == 1:
                     decided[variable] = _outcome(
                         variable, "p2p-transports-off-on-p2p-node", str(value),

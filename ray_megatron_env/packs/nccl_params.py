@@ -4,7 +4,7 @@ pack: one reader, so two packs never disagree about what a value means."""
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 CUMEM_AUTO = -2  # NCCL src/misc/cudawrap.cc: NCCL_PARAM(CuMemEnable, "CUMEM_ENABLE", -2)
 
@@ -34,3 +34,11 @@ def cumem_off(value: Optional[Any]) -> bool:
     other than -2 (auto)."""
     param = nccl_param(value, CUMEM_AUTO)
     return param == 0 or (param < 0 and param != CUMEM_AUTO)
+
+
+def worker_value(name: str, env_vars: Mapping[str, str],
+                 node_environ: Mapping[str, str]) -> Optional[str]:
+    """What NCCL in the worker reads for ``name``: the job's env_vars value,
+    else the node's (Ray puts env_vars over the environment the worker
+    inherits)."""
+    return env_vars.get(name, node_environ.get(name))
