@@ -246,7 +246,7 @@ def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[
     inherited = node_environ.get(name)
     demands = outcome.demands if outcome.demands is not None else _own_demands(outcome, pack)
     accepts = outcome.accepts if outcome.accepts is not None else (
-        frozenset({canonical(outcome.value)}) if outcome.value is not None else frozenset())
+        frozenset({canonical(outcome.value, name)}) if outcome.value is not None else frozenset())
     warnings: List[str] = []
     write, remove = None, False
     if outcome.action == REMOVE and explicit is not None:
@@ -262,7 +262,8 @@ def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[
             warnings.append(f"explicit {name}={explicit} breaks {kind} of "
                             f"{', '.join(d.who for d in broken)}; kept because env_vars is the "
                             "user's intent")
-    elif inherited is not None and (outcome.action != SET or canonical(inherited) in accepts):
+    elif inherited is not None and (outcome.action != SET or
+                                    canonical(inherited, name) in accepts):
         value, source, said = inherited, NODE, f"the node's value {inherited} is kept"
         if outcome.action == REMOVE:
             said = f"the node's value {inherited} stays: a runtime env cannot unset it"
@@ -295,13 +296,14 @@ def _own_demands(outcome: Outcome, pack: str) -> Tuple[Demand, ...]:
         return ()
     if outcome.action == SET:
         accepts = outcome.accepts if outcome.accepts is not None else frozenset(
-            {canonical(outcome.value or "")})
+            {canonical(outcome.value or "", outcome.variable)})
         asks = outcome.value
     else:
         accepts, asks = frozenset(), "it unset"
     unset_ok = outcome.action == REMOVE or not outcome.fill
     return (Demand(outcome.rule, outcome.strength, accepts, unset_ok,
-                   f"the {pack} pack (asks {asks}) [{outcome.rule}; {outcome.reason}]"),)
+                   f"the {pack} pack (asks {asks}) [{outcome.rule}; {outcome.reason}]",
+                   outcome.variable),)
 
 
 @dataclass(frozen=True)

@@ -337,14 +337,28 @@ def parse_driver(text: str) -> Tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+_KERNEL_DRIVER = re.compile(r"^\s*(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?\s*$")
+
+
+def parse_kernel_driver(text: Any) -> Tuple[int, ...]:
+    """The kernel driver's version as NVML's ``nvmlSystemGetDriverVersion``
+    (and ``/proc/driver/nvidia/version``) write it: ``"570.172.08"`` ->
+    ``(570, 172, 8)``."""
+    match = _KERNEL_DRIVER.match(str(text))
+    if not match:
+        raise ValueError(f"not a kernel driver version like '570.172.08': {text!r}")
+    return tuple(int(part) for part in match.groups() if part is not None)
+
+
 @dataclass(frozen=True)
 class NodeP2P:
     """Which pairs of the node's NVIDIA GPUs lack peer access (NVML's P2P
-    read status), over every GPU on the node (NCCL's ranks on one node may
-    use any of them), and the node's CUDA driver version (NVML's
-    ``nvmlSystemGetCudaDriverVersion``: the kernel driver's, which CUDA
-    forward compatibility does not change). ``count`` is ``None`` when they
-    could not be read (``error`` says why)."""
+    read and write status, both as NCCL requires), over every GPU on the node
+    (NCCL's ranks on one node may use any of them), the CUDA driver version
+    NVML reports (``nvmlSystemGetCudaDriverVersion``: the installed libcuda's,
+    which CUDA forward compatibility raises) and the kernel driver's version
+    (``nvmlSystemGetDriverVersion``, which it does not). ``count`` is ``None``
+    when they could not be read (``error`` says why)."""
 
     count: Optional[int]  # NVIDIA GPUs on the node
     without: Tuple[Tuple[int, int], ...] = ()  # pairs (i < j) without peer access
@@ -354,6 +368,7 @@ class NodeP2P:
     detail: Optional[str] = None
     probed_at: Optional[float] = None
     probe_pid: Optional[int] = None
+    kernel_driver: Optional[str] = None  # "570.172.08"; None: unknown
 
     @property
     def is_known(self) -> bool:
@@ -365,6 +380,8 @@ class NodeP2P:
             return f"peer access unknown ({self.method}: {self.error})"
         driver = ("CUDA driver not reported" if self.cuda_driver is None
                   else f"CUDA driver {format_driver(self.cuda_driver)}")
+        if self.kernel_driver is not None:
+            driver += f", kernel driver {self.kernel_driver}"
         pairs = self.count * (self.count - 1) // 2
         if not self.without:
             access = "peer access between every pair" if pairs else "no GPU pair"
@@ -379,6 +396,7 @@ class NodeP2P:
     def to_dict(self) -> dict:
         return {"count": self.count, "without": [list(p) for p in self.without],
                 "cuda_driver": None if self.cuda_driver is None else list(self.cuda_driver),
+                "kernel_driver": self.kernel_driver,
                 "method": self.method, "error": self.error, "detail": self.detail}
 
 
@@ -394,7 +412,8 @@ class NodeFacts:
 
 
 _FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health", "health_mask")
-_TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status", "p2p", "cuda_driver")
+_TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status", "p2p", "cuda_driver",
+             "kernel_driver")
 
 
 class FakeNode(NamedTuple):
@@ -409,7 +428,8 @@ class FakeNode(NamedTuple):
 def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
                     default_gpus: Optional[str] = None, method: str = "fake") -> FakeNode:
     """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent",
-    "imex_status": "ready", "p2p": "none", "cuda_driver": "12.8"}`` -> the
+    "imex_status": "ready", "p2p": "none", "cuda_driver": "12.8", "kernel_driver":
+    "570.172.08"}`` -> the
     node's facts.
 
     ``gpus`` is read by ``parse_gpu_list`` (``default_gpus`` stands in where
@@ -515,7 +535,16 @@ def _fake_p2p(data: Mapping[str, Any], count: int, where: str, text: str,
             driver = parse_driver(driver)
         except ValueError as exc:
             raise FakeNodeError(f"{where}: cuda_driver: {exc}") from None
-    return NodeP2P(count, without, driver, method, detail=f"{where}={text}")
+    kernel = data.get("kernel_driver")  # absent: unknown
+    if kernel is not None:
+        if not isinstance(kernel, str):
+            raise FakeNodeError(f"{where}: kernel_driver must be a string like \"570.172.08\"")
+        try:
+            parse_kernel_driver(kernel)
+        except ValueError as exc:
+            raise FakeNodeError(f"{where}: kernel_driver: {exc}") from None
+    return NodeP2P(count, without, driver, method, detail=f"{where}={text}",
+                   kernel_driver=kernel)
 
 
 # --- A node's facts as JSON (the workers' per-node cache, check's probe actor) ----------

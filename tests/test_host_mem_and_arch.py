@@ -327,13 +327,17 @@ def test_probe_reads_the_fake_node_and_the_fake_gpus():
 
 class FakeNvml:
     """pynvml's calls the P2P probe makes, over ``count`` GPUs; ``without``
-    the ordered pairs whose P2P read status is not OK."""
+    the ordered pairs whose P2P read status is not OK, ``without_write``
+    those whose write status is not OK; ``kernel`` what
+    nvmlSystemGetDriverVersion returns (None: the call is missing)."""
 
     NVMLError = pynvml.NVMLError
     NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
 
-    def __init__(self, count, without=(), driver=12080, fail=None):
+    def __init__(self, count, without=(), driver=12080, fail=None, without_write=(),
+                 kernel=None):
         self.count, self.without, self.driver = count, set(without), driver
+        self.without_write, self.kernel = set(without_write), kernel
         self.fail = fail or {}
         self.calls = []
         self.shut = False
@@ -358,13 +362,21 @@ class FakeNvml:
         self._maybe_fail("nvmlSystemGetCudaDriverVersion")
         return self.driver
 
+    def __getattr__(self, name):
+        if name == "nvmlSystemGetDriverVersion" and self.kernel is not None:
+            return lambda: self.kernel
+        raise AttributeError(name)
+
     def nvmlDeviceGetP2PStatus(self, a, b, index):
         self._maybe_fail("nvmlDeviceGetP2PStatus")
-        # an int, as ctypes can pass it (not pynvml's tuple constant)
-        assert type(index) is int and index == 0
-        self.calls.append((a, b))
+        # an int, as ctypes can pass it (not pynvml's tuple constant); nvml.h:
+        # NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_WRITE = 1
+        assert type(index) is int and index in (0, 1)
         pair = (int(a[-1]), int(b[-1]))
-        return pynvml.NVML_P2P_STATUS_NOT_SUPPORTED if pair in self.without \
+        if index == 0:
+            self.calls.append((a, b))
+        failing = self.without if index == 0 else self.without_write
+        return pynvml.NVML_P2P_STATUS_NOT_SUPPORTED if pair in failing \
             else pynvml.NVML_P2P_STATUS_OK
 
 

@@ -78,9 +78,11 @@ class Demand:
     accepts: FrozenSet[str]  # values that meet it (as ``canonical`` writes them)
     unset_ok: bool
     who: str  # "actor (asks not 1) [megatron-fsdp; required: ...]"
+    variable: str = ""  # whose reading ``canonical`` applies
 
     def allows(self, value: Optional[str]) -> bool:
-        return self.unset_ok if value is None else canonical(value) in self.accepts
+        return self.unset_ok if value is None else \
+            canonical(value, self.variable) in self.accepts
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,21 @@ class Outcome:
     detail: Dict[str, Any] = field(default_factory=dict)
 
 
-def canonical(value: str) -> str:
-    """A variable's value as the libraries read it: CUDA and NCCL parse
-    integers (``"01"`` is 1, ``" 0"`` is 0); anything else as written."""
+def canonical(value: str, variable: str = "") -> str:
+    """A variable's value as its library reads it, so that two spellings of
+    one value meet the same rule. NCCL's variables (every one a pack owns is
+    an integer parameter) as NCCL reads them, ``strtoll(str, NULL, 0)``
+    (src/misc/param.cc ncclLoadParam; src/graph/paths.cc ncclGetLevel uses
+    ``strtol(str, NULL, 0)``): ``"0x0"`` is 0, ``"010"`` is 8, trailing text
+    ignored; empty is NCCL's default and stays ``""``. Any other variable
+    (``CUDA_DEVICE_MAX_CONNECTIONS``, read by the closed-source CUDA driver):
+    a decimal integer (``"01"`` is 1, ``" 0"`` is 0); anything else as
+    written."""
+    if variable.startswith("NCCL_") and value != "":
+        from .nccl_params import nccl_param
+
+        number = nccl_param(value, None)
+        return value.strip() if number is None else str(number)
     text = value.strip()
     try:
         return str(int(text))

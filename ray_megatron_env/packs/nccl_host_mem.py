@@ -7,10 +7,12 @@ SHM transport then shares its host buffers through cuMem handles
 (src/transport/shm.cc, taken only when ncclCuMemEnable() and
 ncclCuMemHostEnable() both hold). With a CUDA driver before 13.0 that fails
 between GPUs without peer access: ``Cuda failure 217 'peer access is not
-supported between these two devices'`` in transport/shm.cc (NCCL
-docs/userguide/source/troubleshooting/runtime_and_mpi_issues.rst, "Shared
-memory"). The node's own facts (NVML's P2P status for every pair and its
-system CUDA driver version) say where that happens, so the pack writes
+supported between these two devices'`` in transport/shm.cc (NCCL's
+documentation, docs/userguide/source/troubleshooting/runtime_and_mpi_issues.rst,
+"Shared memory"; NCCL's source knows only 12.2 and 12.6). The node's own
+facts (NVML's P2P status for every pair, and the kernel driver's version,
+which CUDA forward compatibility does not raise as it raises the CUDA
+driver version NVML and NCCL see) say where that happens, so the pack writes
 NCCL_CUMEM_HOST_ENABLE=0 there and nowhere else.
 
 It also owns NCCL_P2P_DISABLE and NCCL_SHM_DISABLE, to keep them as they are
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ..node import P2P, NodeFacts, NodeP2P, format_driver
+from ..node import P2P, NodeFacts, NodeP2P, format_driver, parse_kernel_driver
 from ..spec import Spec
 from .nccl_params import cumem_off, nccl_param, worker_value
 from . import (
@@ -35,27 +37,35 @@ SHM_DISABLE = "NCCL_SHM_DISABLE"
 CUMEM = "NCCL_CUMEM_ENABLE"
 VARIABLES = (HOST, P2P_DISABLE, SHM_DISABLE)
 FIXED_DRIVER = (13, 0)  # the first CUDA driver whose cuMem host memory works without P2P
+# CUDA 13.0's minimum kernel driver (CUDA Toolkit 13.0 release notes, Table 3:
+# CUDA 13.0 GA, Linux >= 580.65.06).
+FIXED_KERNEL_DRIVER = (580, 65, 6)
 
-_HOST_DEFAULT = ("NCCL src/misc/cudawrap.cc: CUMEM_HOST_ENABLE defaults to -1, and "
+_HOST_DEFAULT = ("src/misc/cudawrap.cc: CUMEM_HOST_ENABLE defaults to -1, and "
                  "ncclCuMemHostEnable() then turns it on where cudaDriverGetVersion >= 12060 "
                  "(12.6; off below 12.2)")
 _SHM_PATH = ("src/transport/shm.cc: shmAllocateShareableBuffer/shmImportShareableBuffer take "
              "the cuMem path only if ncclCuMemEnable() && ncclCuMemHostEnable()")
-_TROUBLE = ("docs/userguide/source/troubleshooting/runtime_and_mpi_issues.rst ('cuMem host "
-            "allocations may fail on systems without CUDA P2P connectivity if CUDA driver "
-            "version prior to 13.0 is being used'; forward compatibility hides the driver "
-            "version from NCCL; 'use NCCL_CUMEM_HOST_ENABLE=0'), env.rst NCCL_CUMEM_HOST_ENABLE")
+_TROUBLE = ("NCCL's documentation, docs/userguide/source/troubleshooting/"
+            "runtime_and_mpi_issues.rst ('cuMem host allocations may fail on systems without "
+            "CUDA P2P connectivity if CUDA driver version prior to 13.0 is being used'; CUDA "
+            "forward compatibility can keep NCCL from determining the driver version; 'use "
+            "NCCL_CUMEM_HOST_ENABLE=0'), env.rst NCCL_CUMEM_HOST_ENABLE; CUDA Toolkit 13.0 "
+            "release notes, Table 3 (CUDA 13.0 GA: kernel driver >= 580.65.06); NVML "
+            "nvmlSystemGetCudaDriverVersion ('retrieved from the currently installed version "
+            "of CUDA') against nvmlSystemGetDriverVersion (the system's driver)")
 _REPORTS = ("NVIDIA/nccl#1838 (4xL4), NVIDIA-NeMo/RL#1683 (8xL4; NCCL_P2P_DISABLE=1 did not "
-            "help), OpenRLHF#1064 (4xRTX 4090), ray-project/ray PR #64109 (Ray CI's T4 fleet); "
-            "an upstream per-device check is still open (NVIDIA/nccl PR #2388)")
+            "help), OpenRLHF#1064 (4xRTX 4090), ray-project/ray PR #64109 (Ray CI's T4 fleet)")
 _CUMEM_OFF = ("src/misc/cudawrap.cc ncclCuMemEnable(): a value >= 0 is used as it is, and a "
               "negative one other than -2 (auto) is off")
 
 ROWS = (
     PackRow("no-p2p-old-driver",
-            "two or more NVIDIA GPUs, some pair without peer access (NVML P2P read status), "
-            "a CUDA driver before 13.0 (NVML's system version; also when NVML does not "
-            "report it), and cuMem not switched off (NCCL_CUMEM_ENABLE not 0 or -1)",
+            "two or more NVIDIA GPUs, some pair without peer access (NVML P2P read or write "
+            "status not OK), a driver before CUDA 13.0 (the kernel driver below 580.65.06 "
+            "where NVML reports it, whatever CUDA version forward compatibility shows; else "
+            "NVML's CUDA driver version below 13.0, or not reported), and cuMem not switched "
+            "off (NCCL_CUMEM_ENABLE not 0 or -1)",
             SET, ((HOST, "0"),), REQUIRED,
             "NCCL 2.24+ shares SHM buffers through cuMem host allocations by default and "
             "init fails with Cuda failure 217 ('peer access is not supported between these "
@@ -80,8 +90,9 @@ ROWS = (
             "src/graph/paths.cc ncclGetLevel (P2P_DISABLE == 1), src/transport/shm.cc "
             "(SHM_DISABLE == 1)"),
     PackRow("leave-to-nccl",
-            "anything else: one GPU, every pair with peer access, a CUDA driver 13.0 or "
-            "later, no NVIDIA GPU, peer access unreadable",
+            "anything else: one GPU, every pair with peer access, a kernel driver 580.65.06 "
+            "or later (or, where it is unknown, a CUDA driver 13.0 or later), no NVIDIA GPU, "
+            "peer access unreadable",
             LEAVE, ((HOST, ""), (P2P_DISABLE, ""), (SHM_DISABLE, "")), NONE,
             "NCCL's default works there (cuMem host memory with driver 13.0+, or between "
             "GPUs that have peer access)",
@@ -93,6 +104,24 @@ _BY_ID = {row.id: row for row in ROWS}
 def _outcome(variable: str, rule_id: str, value: Optional[str], reason: str) -> Outcome:
     row = _BY_ID[rule_id]
     return Outcome(variable, row.action, value, row.strength, row.id, reason)
+
+
+def old_driver(p2p: NodeP2P) -> bool:
+    """Whether the node's driver is before CUDA 13.0: the kernel driver's
+    version where known (forward compatibility cannot raise it), else the
+    CUDA driver version NVML reports (an unreported one counts as old)."""
+    if p2p.kernel_driver is not None:
+        return parse_kernel_driver(p2p.kernel_driver) < FIXED_KERNEL_DRIVER
+    return p2p.cuda_driver is None or p2p.cuda_driver < FIXED_DRIVER
+
+
+def _driver_words(p2p: NodeP2P) -> str:
+    if p2p.kernel_driver is not None:
+        shown = ("" if p2p.cuda_driver is None or p2p.cuda_driver < FIXED_DRIVER else
+                 f" (CUDA {format_driver(p2p.cuda_driver)} reported: forward compatibility)")
+        return f"kernel driver {p2p.kernel_driver} < 580.65.06, CUDA 13.0's minimum{shown}"
+    return ("a CUDA driver NVML did not report" if p2p.cuda_driver is None
+            else f"CUDA driver {format_driver(p2p.cuda_driver)} < 13.0")
 
 
 def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
@@ -112,7 +141,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     else:
         where = p2p.describe()
         if (p2p.count or 0) >= 2 and p2p.without:
-            old = p2p.cuda_driver is None or p2p.cuda_driver < FIXED_DRIVER
+            old = old_driver(p2p)
             cumem = worker_value(CUMEM, env_vars, node_environ)
             if old and cumem_off(cumem):
                 decided[HOST] = _outcome(
@@ -120,8 +149,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                     f"{where}: NCCL_CUMEM_ENABLE={cumem} keeps NCCL off the cuMem host path "
                     "[cumem-off]")
             elif old:
-                driver = ("a CUDA driver NVML did not report" if p2p.cuda_driver is None
-                          else f"CUDA driver {format_driver(p2p.cuda_driver)} < 13.0")
+                driver = _driver_words(p2p)
                 decided[HOST] = _outcome(
                     HOST, "no-p2p-old-driver", "0",
                     f"{where}: NCCL's cuMem host allocations fail between GPUs without peer "
@@ -149,16 +177,17 @@ PACK = Pack(
     name=NCCL_HOST_MEM,
     summary=("NCCL's cuMem host allocations, which NCCL 2.24+ turns on by default and which "
              "fail NCCL init on nodes whose GPUs lack peer access (L4, L40S, T4, RTX "
-             "4090/5090, PCIe servers with two root complexes) with a CUDA driver before "
+             "4090/5090, PCIe servers with two root complexes) with a driver before CUDA "
              "13.0. The pack turns them off exactly there; everywhere else it leaves NCCL's "
              "default, which is right. Leave the pack out where every node's GPUs have "
-             "peer access (NVLink/NVSwitch nodes) or every driver is 13.0 or later."),
+             "peer access (NVLink/NVSwitch nodes) or every kernel driver is 580.65.06 or later."),
     variables=VARIABLES,
-    node_facts=("the number of NVIDIA GPUs on the node and NVML's P2P read status "
-                "(nvmlDeviceGetP2PStatus, NVML_P2P_CAPS_INDEX_READ) for every pair: no CUDA "
-                "context",
-                "NVML's system CUDA driver version (nvmlSystemGetCudaDriverVersion: the "
-                "kernel driver's, which CUDA forward compatibility hides from NCCL)"),
+    node_facts=("the number of NVIDIA GPUs on the node and NVML's P2P read and write status "
+                "(nvmlDeviceGetP2PStatus, NVML_P2P_CAPS_INDEX_READ and _WRITE: NCCL requires "
+                "both) for every pair: no CUDA context",
+                "the kernel driver's version (nvmlSystemGetDriverVersion), which decides where "
+                "known; NVML's CUDA driver version (nvmlSystemGetCudaDriverVersion: the "
+                "installed libcuda's, which CUDA forward compatibility raises) otherwise"),
     config_facts=("the job's own NCCL_CUMEM_ENABLE, NCCL_CUMEM_HOST_ENABLE, NCCL_P2P_DISABLE "
                   "and NCCL_SHM_DISABLE (its env_vars, else the node's)",),
     rows=ROWS,

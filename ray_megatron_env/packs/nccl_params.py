@@ -12,7 +12,7 @@ _STRTOLL = re.compile(r"^\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 _INT64 = 2 ** 63
 
 
-def nccl_param(value: Optional[Any], default: int) -> int:
+def nccl_param(value: Optional[Any], default: Optional[int]) -> Optional[int]:
     """An NCCL integer parameter as NCCL reads it (src/misc/param.cc,
     ncclLoadParam): unset or empty is the default; otherwise ``strtoll(str,
     NULL, 0)``: leading blanks, a sign, hex (0x), octal (0) or decimal, the

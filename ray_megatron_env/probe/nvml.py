@@ -20,15 +20,18 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from ..node import (
     COMPLETED, HEALTH_DEGRADED, HEALTH_OK, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED, SUCCESS,
     Capability, GpuFabric, NodeGpus, NodeP2P, decode_health_mask, parse_driver,
+    parse_kernel_driver,
 )
 from .common import Absent, ProbeError, select_visible, text_of, visible_detail
 
 # nvmlGpuFabricState_t 0..3, in NVML's order.
 _NVML_STATES = (NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED)
-# nvmlGpuP2PCapsIndex_t NVML_P2P_CAPS_INDEX_READ and nvmlGpuP2PStatus_t
-# NVML_P2P_STATUS_OK (nvml.h). Written out: the pynvml copy Ray bundles
-# defines NVML_P2P_CAPS_INDEX_READ = 0, (a tuple, which ctypes cannot pass).
+# nvmlGpuP2PCapsIndex_t NVML_P2P_CAPS_INDEX_READ and _WRITE, and
+# nvmlGpuP2PStatus_t NVML_P2P_STATUS_OK (nvml.h). Written out: the pynvml copy
+# Ray bundles defines NVML_P2P_CAPS_INDEX_READ = 0, (a tuple, which ctypes
+# cannot pass).
 P2P_CAPS_INDEX_READ = 0
+P2P_CAPS_INDEX_WRITE = 1
 P2P_STATUS_OK = 0
 
 # One NVML call may hang inside the driver; it is never waited on twice.
@@ -187,13 +190,31 @@ def read_p2p(nvml: Any = None) -> NodeP2P:
             driver = parse_driver(int(nvml.nvmlSystemGetCudaDriverVersion()))
         except nvml.NVMLError:
             driver = None  # the pack reads an unreported driver as an old one
+        kernel = _kernel_driver(nvml)
         handles = _handles(nvml)
         without = tuple(
             (i, j) for i in range(len(handles)) for j in range(i + 1, len(handles))
             if not _peer(nvml, handles[i], handles[j]) or not _peer(nvml, handles[j], handles[i]))
     return NodeP2P(len(handles), without, driver, "nvml",
-                   detail=f"{len(handles)} device(s), P2P read status for each pair from NVML")
+                   detail=f"{len(handles)} device(s), P2P read and write status for each pair "
+                          "from NVML", kernel_driver=kernel)
+
+
+def _kernel_driver(nvml: Any) -> Optional[str]:
+    """The kernel driver's version (``nvmlSystemGetDriverVersion``: "the
+    system's graphics driver", libnvidia-ml of the kernel module's release,
+    which CUDA forward compatibility does not replace); ``None`` when NVML
+    does not say or says something else."""
+    try:
+        text = text_of(nvml.nvmlSystemGetDriverVersion()).strip()
+        parse_kernel_driver(text)
+    except (nvml.NVMLError, ValueError, AttributeError):
+        return None
+    return text
 
 
 def _peer(nvml: Any, a: Any, b: Any) -> bool:
-    return int(nvml.nvmlDeviceGetP2PStatus(a, b, P2P_CAPS_INDEX_READ)) == P2P_STATUS_OK
+    """NCCL's own test (src/graph/paths.cc, ncclTopoCheckP2p):
+    the read AND the write status must be OK."""
+    return all(int(nvml.nvmlDeviceGetP2PStatus(a, b, index)) == P2P_STATUS_OK
+               for index in (P2P_CAPS_INDEX_READ, P2P_CAPS_INDEX_WRITE))
