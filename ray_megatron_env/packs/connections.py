@@ -301,8 +301,8 @@ RULES = (
          source="Megatron-Core megatron/core/parallel_state.py, initialize_model_parallel: under "
              "`if pipeline_model_parallel_comm_backend == 'ucc'` and `if "
              "'CUDA_DEVICE_MAX_CONNECTIONS' in os.environ`, asserts the value != '1' "
-             "('UCC-backend requires CUDA_DEVICE_MAX_CONNECTIONS > 1'; newer releases raise "
-             "RuntimeError), so unset passes; Megatron-Bridge training/initialize.py passes the "
+             "('UCC-backend requires CUDA_DEVICE_MAX_CONNECTIONS > 1'; an assert in every "
+             "Megatron-Core branch, 0.19.2 included, so python -O skips it), so unset passes; Megatron-Bridge training/initialize.py passes the "
              "model config's pipeline_model_parallel_comm_backend to it",
          required_by=(MEGATRON_CORE_CHECK,),),
 )

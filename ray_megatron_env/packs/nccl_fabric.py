@@ -22,12 +22,13 @@ from typing import Any, Mapping, Optional, Tuple
 
 from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from ..spec import Spec
-from .nccl_params import cumem_off, worker_value
+from .nccl_params import cumem_off, nccl_param, worker_value
 from . import (
     KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
 
 MNNVL = "NCCL_MNNVL_ENABLE"
+P2P_DISABLE = "NCCL_P2P_DISABLE"
 NVLS = "NCCL_NVLS_ENABLE"
 CUMEM = "NCCL_CUMEM_ENABLE"
 VARIABLES = (MNNVL, NVLS, CUMEM)
@@ -129,6 +130,18 @@ ROWS = (
             "MNNVL will be off on this node, so cross-tray traffic takes the network; the "
             "job's value is its own (ROLL, AReaL and slime set it) and is kept",
             _CUMEM),
+    PackRow("p2p-off-disables-mnnvl",
+            "NCCL would take the MNNVL path (as above, cuMem on), the job (or the node) sets "
+            "NCCL_P2P_DISABLE=1, and NCCL_MNNVL_ENABLE is not 1",
+            LEAVE, (), NONE,
+            "a warning, nothing set: NCCL runs its MNNVL check only where the P2P level is "
+            "not 0, and NCCL_P2P_DISABLE=1 makes it 0, so MNNVL is off on this node and "
+            "cross-tray traffic takes the network (NCCL_MNNVL_ENABLE=1 would force the "
+            "check); the variable is the nccl-host-mem pack's, and the job's value stays",
+            "NCCL src/init.cc (from 2.27.3: the MNNVL check runs if (nNodes > 1 && "
+            "MNNVL_ENABLE != 0 && p2pLevel != 0) || MNNVL_ENABLE == 1); src/graph/paths.cc "
+            "ncclGetLevel (NCCL_P2P_DISABLE read with strtol(str, NULL, 0); 1 gives PATH_LOC, "
+            "which is 0)"),
     PackRow("fabric-health",
             "fabric-attached node whose NVML fabric health mask reports a problem (degraded "
             "bandwidth, route recovery or unhealthy route, access-timeout recovery, an "
@@ -199,6 +212,10 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                 outcome, warning = _cumem(spec, facts, where, str(cumem))
                 decided[CUMEM] = outcome
                 warnings.append(warning)
+            else:
+                warning = _p2p_off(env_vars, node_environ, where)
+                if warning:
+                    warnings.append(warning)
         problems = fabric.health_problems
         if fabric.attached and problems:
             warnings.append(f"{NCCL_FABRIC} [fabric-health]: {where}: NVML's fabric health "
@@ -236,6 +253,18 @@ def _fabric_rows(fabric: NodeFabric, facts: NodeFacts, where: str) -> dict:
     return out
 
 
+def _p2p_off(env_vars: Mapping[str, Any], node_environ: Mapping[str, str],
+             where: str) -> Optional[str]:
+    """The warning where NCCL_P2P_DISABLE=1 keeps NCCL from its MNNVL check."""
+    value = worker_value(P2P_DISABLE, env_vars, node_environ)
+    if value is None or nccl_param(value, 0) != 1 or \
+            nccl_param(worker_value(MNNVL, env_vars, node_environ), 2) == 1:
+        return None
+    return (f"{NCCL_FABRIC} [p2p-off-disables-mnnvl]: {where}: NCCL_P2P_DISABLE={value} also "
+            "turns multi-node NVLink off (NCCL runs its MNNVL check only where the P2P level "
+            "is not 0), so cross-tray traffic takes the network; nothing is set")
+
+
 def _cumem(spec: Spec, facts: NodeFacts, where: str, value: str) -> Tuple[Outcome, str]:
     roles = multinode_trtllm(spec, facts)
     if roles:
@@ -267,7 +296,8 @@ PACK = Pack(
                 "-j (UP: ready, DOWN: not-ready, otherwise unknown)",
                 "the number of GPUs",
                 "the oldest GPU's compute capability"),
-    config_facts=("the job's own NCCL_CUMEM_ENABLE (its env_vars, else the node's)",
+    config_facts=("the job's own NCCL_CUMEM_ENABLE, NCCL_P2P_DISABLE and NCCL_MNNVL_ENABLE "
+                  "(its env_vars, else the node's)",
                   "each TRT-LLM role's tensor parallel size (spans nodes when above the "
                   "node's GPU count)",
                   "roles whose tensor parallel group spans nodes whatever their size "

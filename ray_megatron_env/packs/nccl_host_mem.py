@@ -84,11 +84,11 @@ ROWS = (
             KEEP, ((P2P_DISABLE, "1"), (SHM_DISABLE, "1")), PREFERRED,
             "a value decided for another node (SkyRL's prepare_runtime_environment sends both "
             "to every node from one probe): it works here, but costs this node its direct "
-            "GPU-to-GPU (P2P) or shared-memory transport; kept as the job's own, with a "
-            "warning",
+            "GPU-to-GPU (P2P) or shared-memory transport, and P2P_DISABLE=1 on a multi-node "
+            "NVLink fabric also multi-node NVLink; kept as the job's own, with a warning",
             "NCCL docs/userguide/source/env.rst NCCL_P2P_DISABLE, NCCL_SHM_DISABLE; "
             "src/graph/paths.cc ncclGetLevel (P2P_DISABLE == 1), src/transport/shm.cc "
-            "(SHM_DISABLE == 1)"),
+            "(SHM_DISABLE == 1); src/init.cc (MNNVL check only where p2pLevel != 0)"),
     PackRow("leave-to-nccl",
             "anything else: one GPU, every pair with peer access, a kernel driver 580.65.06 "
             "or later (or, where it is unknown, a CUDA driver 13.0 or later), no NVIDIA GPU, "
@@ -99,6 +99,10 @@ ROWS = (
             f"NCCL {_HOST_DEFAULT}; {_TROUBLE}"),
 )
 _BY_ID = {row.id: row for row in ROWS}
+# NCCL src/init.cc (2.27.3 and later): the MNNVL check runs only where the P2P
+# level is not 0, and NCCL_P2P_DISABLE=1 makes it 0.
+_MNNVL_TOO = (", and on a multi-node NVLink fabric (GB200/GB300) multi-node NVLink too (NCCL "
+              "runs its MNNVL check only where the P2P level is not 0)")
 
 
 def _outcome(variable: str, rule_id: str, value: Optional[str], reason: str) -> Outcome:
@@ -163,7 +167,8 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                         variable, "p2p-transports-off-on-p2p-node", str(value),
                         f"{where}: {variable}={value} is kept, but every GPU pair here has "
                         "peer access, so it costs this node its fast "
-                        f"{'P2P' if variable == P2P_DISABLE else 'shared-memory'} transport "
+                        f"{'P2P' if variable == P2P_DISABLE else 'shared-memory'} transport"
+                        f"{_MNNVL_TOO if variable == P2P_DISABLE else ''} "
                         "[p2p-transports-off-on-p2p-node]")
                     warnings.append(f"{NCCL_HOST_MEM} [p2p-transports-off-on-p2p-node]: "
                                     f"{decided[variable].reason}")
