@@ -406,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the node's facts as RAY_MEGATRON_ENV_FAKE_NODE takes them, inline "
                               "JSON or a file: {\"gpus\": \"10.0\", \"fabric\": {\"state\": "
                               "\"completed\", \"cluster_uuid\": \"...\"}, \"imex_channel\": "
-                              "\"absent\", \"p2p\": \"none\", \"cuda_driver\": \"12.8\"} "
-                              "(docs/packs.md)")
+                              "\"absent\", \"p2p\": \"none\", \"cuda_driver\": \"12.8\", "
+                              "\"kernel_driver\": \"570.172.08\"} (docs/packs.md)")
     explain.add_argument("--job-env", action="append", metavar="NAME=VALUE",
                          help="a variable the job's env_vars set (any variable, e.g. "
                               "NCCL_CUMEM_ENABLE=0); repeatable")

@@ -122,18 +122,18 @@ def canonical(value: str, variable: str = "") -> str:
     ``strtol(str, NULL, 0)``): ``"0x0"`` is 0, ``"010"`` is 8, trailing text
     ignored; empty is NCCL's default and stays ``""``. Any other variable
     (``CUDA_DEVICE_MAX_CONNECTIONS``, read by the closed-source CUDA driver):
-    a decimal integer (``"01"`` is 1, ``" 0"`` is 0); anything else as
-    written."""
+    a decimal integer (``"01"`` is 1, ``" 0"`` is 0); anything else exactly
+    as written (``"8.0 "`` is not ``"8.0"`` to PyTorch: it ends in an empty
+    entry)."""
     if variable.startswith("NCCL_") and value != "":
         from .nccl_params import nccl_param
 
         number = nccl_param(value, None)
-        return value.strip() if number is None else str(number)
-    text = value.strip()
+        return value if number is None else str(number)
     try:
-        return str(int(text))
+        return str(int(value.strip()))
     except ValueError:
-        return text
+        return value
 
 
 @dataclass(frozen=True)
