@@ -426,6 +426,7 @@ def test_rays_bundled_binding_has_both_calls():
 
     assert callable(bundled.nvmlDeviceGetP2PStatus)
     assert callable(bundled.nvmlSystemGetCudaDriverVersion)
+    assert callable(bundled.nvmlSystemGetDriverVersion)
     assert bundled.NVML_P2P_STATUS_OK == 0
 
 

@@ -254,3 +254,29 @@ def test_p2p_disable_on_a_fabric_node_warns_that_mnnvl_is_off(node, job, warns):
     assert any("p2p-off-disables-mnnvl" in w for w in result.decision.warnings) == warns
     assert "NCCL_MNNVL_ENABLE" not in result.env()
     assert result.decision.satisfied
+
+
+def test_the_kernel_driver_survives_the_node_cache_and_checks_probe_json(tmp_path):
+    from ray_megatron_env.cache import NodeCache
+    from ray_megatron_env.node import P2P, facts_from_record
+
+    facts = parse_fake_node(_node("13.0", "570.172.08")).p2p
+    cache = NodeCache(str(tmp_path), "node1")
+    cache.get(lambda: facts, "p2p")
+    again = cache.get(lambda: pytest.fail("probed twice"), "p2p")
+    assert again.kernel_driver == "570.172.08"
+    assert facts_from_record(P2P, facts.to_dict()).kernel_driver == "570.172.08"
+
+
+def test_check_advises_nccl_host_mem_from_the_kernel_driver():
+    from ray_megatron_env.check import _advice
+    from ray_megatron_env.explanation import explain
+    from ray_megatron_env.node import NodeFabric
+
+    fabric = json.dumps(NodeFabric((), "absent", "fake").to_dict())
+    decision = explain(MEGATRON_TP2, "8.9,8.9,8.9,8.9").to_json()
+    old = json.dumps(parse_fake_node(_node("13.0", "570.172.08")).p2p.to_dict())
+    new = json.dumps(parse_fake_node(_node("13.0", "580.65.06")).p2p.to_dict())
+    assert _advice(fabric, decision, "l4", old, "{}").startswith(
+        "nccl-host-mem would set NCCL_CUMEM_HOST_ENABLE=0 on node l4")
+    assert _advice(fabric, decision, "l4", new, "{}") is None

@@ -125,7 +125,12 @@ def imex_status(command: Sequence[str] = IMEX_CTL,
     return parse_imex_domain(text or "")
 
 def parse_imex_domain(text: str) -> Tuple[Optional[str], str]:
-    """``nvidia-imex-ctl -N -j`` output -> (status, words)."""
+    """``nvidia-imex-ctl -N -j`` output -> (status, words), from the
+    domain-wide ``status``. The node's own entry under ``nodes`` is not used:
+    it names the node only by the address in the IMEX nodes config
+    (``host``), which the probe cannot tie to one of the node's interfaces
+    without guessing, and MNNVL imports memory exported by other trays, whose
+    daemons matter as much (docs/packs.md, "IMEX status unknown")."""
     try:
         data = json.loads(text)
     except ValueError:
