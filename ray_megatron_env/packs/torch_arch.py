@@ -33,7 +33,7 @@ from . import (
 VARIABLE = "TORCH_CUDA_ARCH_LIST"
 _CPP_EXTENSION = "PyTorch torch/utils/cpp_extension.py _get_cuda_arch_flags"
 # The PyTorch releases whose lists the pack's own values must pass: 2.7, the
-# first whose cpp_extension knows Blackwell (10.0, 12.0), to 2.13. Read from
+# first whose cpp_extension knows 12.0 (2.6 ends at 10.0), to 2.13. Read from
 # each release's wheel (torch/utils/cpp_extension.py):
 #   2.7: supported_arches ... 9.0, 9.0a, 10.0, 10.0a, 10.1, 10.1a, 12.0, 12.0a
 #   2.8: adds 10.3, 10.3a, 12.1, 12.1a
