@@ -36,7 +36,7 @@ P2P_DISABLE = "NCCL_P2P_DISABLE"
 SHM_DISABLE = "NCCL_SHM_DISABLE"
 CUMEM = "NCCL_CUMEM_ENABLE"
 VARIABLES = (HOST, P2P_DISABLE, SHM_DISABLE)
-FIXED_DRIVER = (13, 0)  # the first CUDA driver whose cuMem host memory works without P2P
+FIXED_DRIVER = (13, 0)  # cuMem host memory works without P2P from here (NCCL's documentation)
 # CUDA 13.0's minimum kernel driver (CUDA Toolkit 13.0 release notes, Table 3:
 # CUDA 13.0 GA, Linux >= 580.65.06).
 FIXED_KERNEL_DRIVER = (580, 65, 6)
