@@ -78,6 +78,14 @@ FLAG_KEYS = (
 # look like SGLang engines).
 SGLANG_VARIABLE = "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK"
 SGLANG_PREFIX = "true"
+# miles (radixark/miles, a slime fork read at 31f1ca96) puts SGLang's newer
+# switch in its engines' env_vars instead, "false" unless the launching
+# process has a value of its own (miles/ray/rollout/server_group.py, the
+# env_vars of RolloutRayActor.options; since 75d3c8b4, 2026-06-17, before
+# which miles set slime's variable too). Matched exactly: a job-wide "true"
+# (one miles example sets it) never makes a train process look like an engine.
+MILES_SGLANG_VARIABLE = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+MILES_SGLANG_VALUE = "false"
 
 # (key, option, argparse settings): the options this reader reads, as slime
 # and Megatron-LM define them. Types and defaults are theirs, so that an
@@ -155,7 +163,9 @@ def read_slime(config: Mapping[str, Any]) -> Spec:
     if "rollout" in engines and train_roles:
         # The driver (where validate_args runs), the train actors and slime's
         # CPU-only helpers match no rule: they get the Megatron decision.
-        processes = (ProcessRule(("rollout",), SGLANG_VARIABLE, SGLANG_PREFIX),)
+        processes = (ProcessRule(("rollout",), SGLANG_VARIABLE, SGLANG_PREFIX),
+                     ProcessRule(("rollout",), MILES_SGLANG_VARIABLE, MILES_SGLANG_VALUE,
+                                 exact=True))
         others = train_roles
     return Spec.of(engines, framework=NAME, omitted=omitted, processes=processes,
                    others=others)
