@@ -73,3 +73,52 @@ def test_a_job_wide_true_does_not_make_the_driver_an_engine():
     env = {**JOB_ENV, "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "true"}
     decision = on_node(QWEN3_4B, "9.0", env)
     assert decision.value == "1" and set(decision.engines) == {"actor"}
+
+
+# -- miles' own "1" (execute_train) --------------------------------------------
+
+def namespace_of(args, **extra):
+    """vars() of miles' parse_args as far as the reader reads it: every miles
+    namespace has use_miles_router (add_router_arguments)."""
+    from ray_megatron_env.frameworks.slime import convert
+
+    return {**convert(args), "use_miles_router": False, **extra}
+
+
+def test_a_miles_namespace_is_known_by_use_miles_router_and_its_1_is_replaced():
+    spec = parse_field(build_runtime_env(namespace_of(QWEN3_4B))["megatron_env"])
+    assert spec.framework == "miles" and spec.replaces == "1"
+    # execute_train's "1" in the job env: decided anew per process.
+    with_one = {**JOB_ENV, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    blackwell = decided(spec, parse_gpu_list("10.0"), worker_env=with_one)
+    assert blackwell.value is None
+    engine = decided(spec, parse_gpu_list("9.0"), worker_env={**ENGINE, **with_one})
+    assert engine.value is None
+    hopper = decided(spec, parse_gpu_list("9.0"), worker_env={**TRAINER, **with_one})
+    assert hopper.value == "1"
+
+
+def test_the_users_1_in_train_env_vars_is_kept():
+    args = QWEN3_4B + ["--train-env-vars", '{"CUDA_DEVICE_MAX_CONNECTIONS": "1"}']
+    assert parse_field(build_runtime_env(namespace_of(args))["megatron_env"]).replaces is None
+
+
+def test_fsdp_has_no_miles_1_to_replace():
+    assert parse_field(build_runtime_env(namespace_of(FSDP))["megatron_env"]).replaces is None
+
+
+def test_a_list_is_miles_only_with_a_miles_option():
+    plain = parse_field(build_runtime_env(QWEN3_4B)["megatron_env"])
+    assert plain.framework == "slime" and plain.replaces is None
+    routed = parse_field(build_runtime_env(QWEN3_4B + ["--use-miles-router"])["megatron_env"])
+    assert routed.framework == "miles" and routed.replaces == "1"
+
+
+def test_a_bad_train_env_vars_value_is_refused_by_name():
+    from ray_megatron_env.errors import FieldValueError
+
+    args = QWEN3_4B + ["--train-env-vars", '{"CUDA_DEVICE_MAX_CONNECTIONS": "0"}']
+    with pytest.raises(FieldValueError, match="train_env_vars.CUDA_DEVICE_MAX_CONNECTIONS"):
+        build_runtime_env(namespace_of(args))
+    with pytest.raises(FieldValueError, match="--train-env-vars"):
+        build_runtime_env(QWEN3_4B + ["--train-env-vars", "{not json"])
