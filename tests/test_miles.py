@@ -122,3 +122,15 @@ def test_a_bad_train_env_vars_value_is_refused_by_name():
         build_runtime_env(namespace_of(args))
     with pytest.raises(FieldValueError, match="--train-env-vars"):
         build_runtime_env(QWEN3_4B + ["--train-env-vars", "{not json"])
+
+
+def test_the_execute_train_line_in_the_docs_drops_miles_1_and_adds_the_field():
+    import shlex
+
+    train_args = " ".join(QWEN3_4B)
+    base = {"env_vars": {"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+    env = build_runtime_env(shlex.split(train_args), base=base, take_over=True)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env["env_vars"]
+    assert env["env_vars"]["PYTHONUNBUFFERED"] == "1"
+    assert parse_field(env["megatron_env"]).processes[1].variable == \
+        "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"

@@ -162,6 +162,7 @@ def test_a_broken_config_is_refused_naming_the_key(config, key):
         load_spec(config)
 
 
+@pytest.mark.filterwarnings("ignore:In 'agentic_val_webshop'")  # Hydra: no _self_
 def test_composition_matches_hydra_when_it_is_installed():
     """Hydra's compose (what ROLL's entry points call) gives the same config,
     key for key and in the same order."""

@@ -20,7 +20,9 @@ inherit.
 
 ROLL never sets CUDA_DEVICE_MAX_CONNECTIONS for Megatron (its SGLang patches
 set 4 inside the SGLang process, ``roll/third_party/sglang/*/engine.py``),
-so a value in ``system_envs`` is the user's, and nothing is replaced.
+so a value in ``system_envs`` is the user's, and nothing is replaced. (Its
+driver picks a platform from its own GPU, ``roll/platforms/__init__.py``;
+that sets nothing for this variable either.)
 ROLL builds Megatron-Core models through mcore_adapter and never runs
 Megatron-LM's ``validate_args``: every row is a preference.
 """
