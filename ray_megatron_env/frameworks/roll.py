@@ -35,7 +35,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..errors import FieldValueError
 from ..engines import FSDP, INFERENCE, MEGATRON, VARIABLE
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
-from ..values import FIELD, fail_type, parse_connections, read_flag, read_name, read_size, show
+from ..values import (FIELD, fail_type, parse_connections, read_flag, read_name, read_size,
+                      read_token, show)
 from . import Reader
 
 FRAMEWORK = "roll"
@@ -108,16 +109,13 @@ def read_roll(config: Mapping[str, Any]) -> Spec:
             continue  # no strategy_args: a CPU worker (rule-based rewards), no engine
         engines[role] = engine
         names[role] = cluster
-    processes = tuple(ProcessRule((role,), MARKER_VARIABLE, read_token_name(names[role], role),
-                                  exact=True) for role in sorted(engines))
+    processes = tuple(
+        ProcessRule((role,), MARKER_VARIABLE,
+                    read_token(names[role], f"{role}'s cluster name ({MARKER_VARIABLE})"),
+                    exact=True)
+        for role in sorted(engines))
     return Spec.of(engines, framework=FRAMEWORK, omitted=omitted, processes=processes,
                    others=() if processes else None)
-
-
-def read_token_name(name: str, role: str) -> str:
-    from ..values import read_token
-
-    return read_token(name, f"{role}'s cluster name ({MARKER_VARIABLE})")
 
 
 def _flag(config: Mapping[str, Any], key: str) -> bool:
