@@ -156,6 +156,9 @@ def test_cluster_names_are_matched_exactly():
     ({"actor_train": {"strategy_args": {}, "system_envs": {"CUDA_DEVICE_MAX_CONNECTIONS": "0"}}},
      "actor_train.system_envs.CUDA_DEVICE_MAX_CONNECTIONS"),
     ({"actor_train": {"strategy_args": {"strategy_name": "deepspeed_train"}}}, "DeepSpeed"),
+    ({"actor_train": {"strategy_args": {}},
+      "reward_model": {"name": "actor_train", "strategy_args": {"strategy_name": "vllm"}}},
+     "actor_train and reward_model would both be ROLL cluster 'actor_train'"),
 ])
 def test_a_broken_config_is_refused_naming_the_key(config, key):
     with pytest.raises(FieldValueError, match=key.replace(".", r"\.")):

@@ -107,6 +107,10 @@ def read_roll(config: Mapping[str, Any]) -> Spec:
         engine = _engine(section, role)
         if engine is None:
             continue  # no strategy_args: a CPU worker (rule-based rewards), no engine
+        if cluster in names.values():
+            other = next(r for r, c in names.items() if c == cluster)
+            raise FieldValueError(f"{FIELD}: {other} and {role} would both be ROLL cluster "
+                                  f"{cluster!r} ({MARKER_VARIABLE}); rename one")
         engines[role] = engine
         names[role] = cluster
     processes = tuple(
