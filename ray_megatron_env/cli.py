@@ -396,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain = verbs.add_parser("explain", help="what a config gives on given GPUs (offline)",
                                description="Decide offline, without a cluster, exactly as a node "
                                            "with these GPUs would.")
-    explain.add_argument("config", help="training config: a verl, NeMo-RL or AReaL YAML, a file with slime's "
-                              "argument list, or the compact form")
+    explain.add_argument("config", help="training config: a verl, NeMo-RL, AReaL or ROLL YAML, a file with "
+                              "slime's (or miles') argument list, or the compact form")
     explain.add_argument("--gpus",
                          help="compute capabilities, e.g. 9.0 or 9.0,9.0,10.0; 'none' for no GPU; "
                               "'amd' for an AMD (ROCm) node, 'npu' for a Huawei Ascend node, "

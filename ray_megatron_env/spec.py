@@ -211,21 +211,27 @@ CHOICES = {"dispatcher": FLEX_BACKENDS, "pipeline_backend": PIPELINE_BACKENDS}
 class ProcessRule:
     """How to recognise the worker processes of some roles: a variable the
     framework itself puts in those workers' ``env_vars``, and the prefix its
-    value starts with."""
+    value starts with (``exact``: the whole value, where one role's name can
+    begin another's, as ROLL's ``CLUSTER_NAME`` values can)."""
 
     roles: Tuple[str, ...]
     variable: str
     prefix: str
+    exact: bool = False
 
     def matches(self, env_vars: Mapping[str, Any]) -> bool:
         value = env_vars.get(self.variable)
-        return isinstance(value, str) and value.startswith(self.prefix)
+        return isinstance(value, str) and (value == self.prefix if self.exact
+                                           else value.startswith(self.prefix))
 
     def describe(self) -> str:
-        return f"{self.variable}={self.prefix}*"
+        return f"{self.variable}={self.prefix}{'' if self.exact else '*'}"
 
     def to_field(self) -> Dict[str, Any]:
-        return {"roles": list(self.roles), "variable": self.variable, "prefix": self.prefix}
+        out = {"roles": list(self.roles), "variable": self.variable, "prefix": self.prefix}
+        if self.exact:
+            out["exact"] = True
+        return out
 
 
 @dataclass(frozen=True)

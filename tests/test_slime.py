@@ -268,8 +268,10 @@ def test_the_train_engine_carries_megatron_lms_check():
 
 def test_sglang_engines_and_everything_else_are_told_apart():
     spec, _ = load_spec(args_of(QWEN3_4B))
-    (rule,) = spec.processes
+    rule, miles = spec.processes
     assert rule.roles == ("rollout",) and rule.variable == "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK"
+    assert miles.roles == ("rollout",) and miles.exact
+    assert miles.variable == "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK" and miles.prefix == "false"
     assert spec.others == ("actor",)
     for env, roles in ((SGLANG_ENGINE, ("rollout",)), (TRAIN_ACTOR, ("actor",)),
                        (DRIVER, ("actor",))):

@@ -108,3 +108,20 @@ def test_narrow_keeps_only_the_roles_asked_for():
         spec.narrow("critic")
     with pytest.raises(FieldValueError, match="at least one"):
         spec.narrow([])
+
+
+def test_an_exact_process_rule_matches_the_whole_value_and_round_trips():
+    field = {"engines": {"a": {"strategy": "megatron"}, "b": {"strategy": "vllm"}},
+             "processes": [{"roles": ["a"], "variable": "CLUSTER_NAME", "prefix": "reward-math",
+                            "exact": True},
+                           {"roles": ["b"], "variable": "CLUSTER_NAME", "prefix": "reward-m"}],
+             "others": []}
+    spec = parse_field(field)
+    assert parse_field(json.loads(json.dumps(spec.to_field()))) == spec
+    assert spec.to_field()["processes"][0]["exact"] is True
+    assert "exact" not in spec.to_field()["processes"][1]
+    assert spec.for_process({"CLUSTER_NAME": "reward-math"})[0].roles() == ("a",)
+    assert spec.for_process({"CLUSTER_NAME": "reward-math_rule"})[0].roles() == ("b",)
+    field["processes"][0]["exact"] = "yes"
+    with pytest.raises(FieldTypeError, match=r"processes\[0\]\.exact"):
+        parse_field(field)

@@ -151,13 +151,14 @@ def _read_processes(raw: Any, engines: Mapping[str, Engine]) -> Tuple[ProcessRul
         key = f"processes[{i}]"
         if not isinstance(rule, Mapping):
             raise fail_type(key, "a mapping with roles, variable and prefix", rule)
-        _unknown(rule, _RULE_KEYS, key)
+        _unknown(rule, (*_RULE_KEYS, "exact"), key)
         missing = [k for k in _RULE_KEYS if k not in rule]
         if missing:
             raise FieldValueError(f"{FIELD}: {key} lacks {', '.join(missing)}")
         roles = _read_roles(rule["roles"], f"{key}.roles", engines)
         if not roles:
             raise FieldValueError(f"{FIELD}: {key}.roles must name at least one role")
+        exact = "exact" in rule and read_flag(rule["exact"], f"{key}.exact")
         rules.append(ProcessRule(roles, read_name(rule["variable"], f"{key}.variable"),
-                                 read_token(rule["prefix"], f"{key}.prefix")))
+                                 read_token(rule["prefix"], f"{key}.prefix"), exact))
     return tuple(rules)

@@ -31,13 +31,14 @@ Three things decide what it returns:
 from __future__ import annotations
 
 import argparse
+import json
 import warnings
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
+from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK, VARIABLE
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
-from ..values import FIELD, fail_type, read_flag, read_name, read_size
+from ..values import FIELD, fail_type, parse_connections, read_flag, read_name, read_size
 from . import Reader
 
 NAME = "slime"
@@ -78,6 +79,28 @@ FLAG_KEYS = (
 # look like SGLang engines).
 SGLANG_VARIABLE = "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK"
 SGLANG_PREFIX = "true"
+# miles (radixark/miles, a slime fork read at 31f1ca96) puts SGLang's newer
+# switch in its engines' env_vars instead, "false" unless the launching
+# process has a value of its own (miles/ray/rollout/server_group.py, the
+# env_vars of RolloutRayActor.options; since 75d3c8b4, 2026-06-17, before
+# which miles set slime's variable too). Matched exactly: a job-wide "true"
+# (one miles example sets it) never makes a train process look like an engine.
+MILES_SGLANG_VARIABLE = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+MILES_SGLANG_VALUE = "false"
+# How a config is known to be miles': its parse_args always defines
+# --use-miles-router (add_router_arguments, miles/utils/arguments.py:1874;
+# slime's is --use-slime-router), so every miles namespace has this key. An
+# argument list is miles' when it holds that option or any --miles-* one;
+# no miles-only option is in every launch, so a plain list reads as slime's.
+MILES_KEY = "use_miles_router"
+MILES = "miles"
+# miles' Python launchers (execute_train, miles/utils/external_utils/
+# command_utils.py:193-202) write "1" into the job's env_vars for every
+# Megatron job: miles' own, decided anew unless the user also wrote "1" in
+# --train-env-vars (which miles puts in its train actors' env_vars,
+# miles/ray/train/actor_factory.py:38), where it could be theirs.
+MILES_VALUE = "1"
+TRAIN_ENV_VARS = "train_env_vars"
 
 # (key, option, argparse settings): the options this reader reads, as slime
 # and Megatron-LM define them. Types and defaults are theirs, so that an
@@ -100,6 +123,8 @@ _OPTIONS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("advantage_estimator", "--advantage-estimator", {"default": "grpo"}),
     ("num_rollout", "--num-rollout", {"type": int, "default": None}),
     ("megatron_config_path", "--megatron-config-path", {"default": None}),
+    # slime and miles: JSON env vars for the train actors (type json.loads)
+    (TRAIN_ENV_VARS, "--train-env-vars", {"type": json.loads, "default": None}),
     # Megatron-LM (megatron/training/arguments.py)
     ("tensor_model_parallel_size", "--tensor-model-parallel-size", {"type": int, "default": 1}),
     ("context_parallel_size", "--context-parallel-size", {"type": int, "default": 1}),
@@ -126,7 +151,7 @@ _MEGATRON_KEYS = ({key for _, key in SIZE_KEYS} | {key for _, key in FLAG_KEYS}
 # Options only slime defines: one of them is what makes a list slime's.
 _SLIME_OPTIONS = {option: key for key, option, _ in _OPTIONS if key not in _MEGATRON_KEYS}
 
-PATHS: Tuple[str, ...] = tuple(key for key, _, _ in _OPTIONS)
+PATHS: Tuple[str, ...] = tuple(key for key, _, _ in _OPTIONS) + (MILES_KEY,)
 
 
 def read_slime(config: Mapping[str, Any]) -> Spec:
@@ -155,10 +180,31 @@ def read_slime(config: Mapping[str, Any]) -> Spec:
     if "rollout" in engines and train_roles:
         # The driver (where validate_args runs), the train actors and slime's
         # CPU-only helpers match no rule: they get the Megatron decision.
-        processes = (ProcessRule(("rollout",), SGLANG_VARIABLE, SGLANG_PREFIX),)
+        processes = (ProcessRule(("rollout",), SGLANG_VARIABLE, SGLANG_PREFIX),
+                     ProcessRule(("rollout",), MILES_SGLANG_VARIABLE, MILES_SGLANG_VALUE,
+                                 exact=True))
         others = train_roles
-    return Spec.of(engines, framework=NAME, omitted=omitted, processes=processes,
-                   others=others)
+    miles = MILES_KEY in config
+    user_value = _train_env_value(config.get(TRAIN_ENV_VARS))
+    # execute_train writes its "1" unless --train-backend fsdp, whichever
+    # processes the arguments start.
+    backend = config.get("train_backend")
+    megatron = backend is None or BACKENDS.get(read_name(backend, "train_backend")) == MEGATRON
+    replaces = MILES_VALUE if miles and megatron and user_value != MILES_VALUE else None
+    return Spec.of(engines, framework=MILES if miles else NAME, omitted=omitted,
+                   processes=processes, others=others, replaces=replaces)
+
+
+def _train_env_value(env: Any) -> Optional[str]:
+    """The user's own value for the train actors (--train-env-vars), checked."""
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise fail_type(TRAIN_ENV_VARS, "a JSON object of environment variables", env)
+    if VARIABLE not in env:
+        return None
+    parse_connections(env[VARIABLE], f"{TRAIN_ENV_VARS}.{VARIABLE}")
+    return env[VARIABLE]
 
 
 def _train_engine(config: Mapping[str, Any]) -> Engine:
@@ -274,7 +320,11 @@ def convert(value: Any) -> Optional[Dict[str, Any]]:
     # Unknown options (slime has hundreds) are left aside; a repeated option
     # keeps its last value, as argparse does in slime itself.
     parsed, _ = _parser().parse_known_args(list(value))
-    return vars(parsed)
+    mapping = vars(parsed)
+    if any(arg.split("=", 1)[0] == "--use-miles-router" or arg.startswith("--miles-")
+           for arg in value):
+        mapping[MILES_KEY] = "--use-miles-router" in value
+    return mapping
 
 
 def compose(path: str, loaded: Any) -> Optional[Any]:

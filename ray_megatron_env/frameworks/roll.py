@@ -1,0 +1,351 @@
+"""Reading ROLL's pipeline config into a ``Spec``.
+
+ROLL (alibaba/ROLL, read at 8eb27cc2, 2026-08-19) composes a Hydra YAML
+(``examples/start_*_pipeline.py``: ``initialize`` + ``compose``), resolves
+it, and builds its dataclasses with ``dacite.from_dict``. Each role is a
+``WorkerConfig`` section (``roll/configs/worker_config.py``) whose
+``strategy_args.strategy_name`` picks the engine and whose
+``strategy_args.strategy_config`` holds its settings; for Megatron that dict
+goes straight into mcore_adapter's ``TrainingArguments``
+(``roll/distributed/strategy/megatron_strategy.py:107``).
+
+Every worker of a role is a Ray actor whose own ``env_vars`` carry
+``CLUSTER_NAME=<the cluster's name>`` with the role's ``system_envs`` on top
+(``roll/distributed/executor/cluster.py:127-142``), so each role gets one
+exact process rule on ``CLUSTER_NAME``. Names are exact because one can
+begin another (``reward-math`` and ``reward-math_rule``). The driver and
+ROLL's CPU-only actors (schedulers, env managers, rule-based reward workers)
+run no GPU engine: they are ``others`` with no role, and keep what they
+inherit.
+
+ROLL never sets CUDA_DEVICE_MAX_CONNECTIONS for Megatron (its SGLang patches
+set 4 inside the SGLang process, ``roll/third_party/sglang/*/engine.py``),
+so a value in ``system_envs`` is the user's, and nothing is replaced. (Its
+driver picks a platform from its own GPU, ``roll/platforms/__init__.py``;
+that sets nothing for this variable either.)
+ROLL builds Megatron-Core models through mcore_adapter and never runs
+Megatron-LM's ``validate_args``: every row is a preference.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..errors import FieldValueError
+from ..engines import FSDP, INFERENCE, MEGATRON, VARIABLE
+from ..spec import Engine, ProcessRule, Spec, read_dispatcher
+from ..values import (FIELD, fail_type, parse_connections, read_flag, read_name, read_size,
+                      read_token, show)
+from . import Reader
+
+FRAMEWORK = "roll"
+MARKER_VARIABLE = "CLUSTER_NAME"
+
+# strategy_name -> (the engine name this package knows, kind): the names
+# roll/distributed/strategy/factory.py creates a strategy for.
+STRATEGIES: Dict[str, Tuple[str, str]] = {
+    "megatron_train": ("megatron", MEGATRON),
+    "megatron_infer": ("megatron", MEGATRON),
+    "fsdp2_train": ("fsdp2", FSDP),
+    "fsdp2_infer": ("fsdp2", FSDP),
+    "vllm": ("vllm", INFERENCE),
+    "sglang": ("sglang", INFERENCE),
+    "hf_infer": ("hf", INFERENCE),
+}
+# factory.py's mock strategy runs no model: no engine.
+NO_ENGINE = ("mock_infer",)
+# StrategyArguments.strategy_name's default (worker_config.py:23-36).
+DEFAULT_STRATEGY = "fsdp2_train"
+
+# strategy_config keys mcore_adapter's TrainingArguments reads
+# (mcore_adapter/src/mcore_adapter/training_args.py): sizes default None,
+# which leaves Megatron-Core's 1 unless a Megatron checkpoint says otherwise.
+SIZE_KEYS = (("tensor_parallel", "tensor_model_parallel_size"),
+             ("context_parallel", "context_parallel_size"),
+             ("expert_parallel", "expert_model_parallel_size"))
+DISPATCHER_KEY = "moe_token_dispatcher_type"  # allgather (default) or alltoall
+# vLLM's TP size (worker_config.py:285), read for the nccl-fabric pack.
+VLLM_TP_KEY = "tensor_parallel_size"
+
+# (role, cluster name) of the fixed sections: PPOConfig.__post_init__
+# (base_config.py:650-653), AgenticConfig (agentic_config.py:295),
+# DPOConfig, SFTConfig, DistillConfig (distill_config.py:134-135).
+FIXED = (("actor_train", "actor_train"), ("actor_infer", "actor_infer"),
+         ("reference", "reference"), ("critic", "critic"), ("reward", "reward"),
+         ("sft_train", "sft_train"), ("student", "student"))
+OPD_STUDENT = (("student_train", "student_train"), ("student_infer", "student_infer"))
+REWARDS = "rewards"          # RLVRConfig.rewards: key -> cluster "reward-<key>"
+REWARD_MODEL = "reward_model"  # RLVRConfig.reward_model: cluster named by its own name
+TEACHER = "teacher"
+ROLES = (*(role for role, _ in FIXED), *(role for role, _ in OPD_STUDENT), REWARD_MODEL,
+         f"{REWARDS}.<key>", TEACHER, f"{TEACHER}.<name>")
+
+# WorkerConfig fields: a ``teacher`` mapping with one of them is one teacher,
+# otherwise a dict of named teachers (PPOConfig.teacher's Union).
+_WORKER_KEYS = ("strategy_args", "model_args", "device_mapping", "training_args",
+                "generating_args", "data_args", "worker_cls", "world_size", "system_envs",
+                "infer_batch_size", "name", "num_gpus_per_worker")
+
+_SECTION_KEYS = ("strategy_args", "system_envs")
+PATHS: Tuple[str, ...] = (
+    *(f"{role}.{key}" for role, _ in (*FIXED, *OPD_STUDENT) for key in _SECTION_KEYS),
+    *(f"{REWARD_MODEL}.{key}" for key in (*_SECTION_KEYS, "name")),
+    REWARDS, TEACHER, "system_envs", "is_pure_opd", "use_opd",
+)
+MARKERS = ("actor_train.strategy_args", "actor_infer.strategy_args",
+           "student_train.strategy_args", "student.strategy_args", "sft_train.strategy_args")
+
+
+def read_roll(config: Mapping[str, Any]) -> Spec:
+    """Engines and per-role process rules of a composed ROLL config."""
+    _check_user_value(config.get("system_envs"), "system_envs")
+    sections, omitted = _sections(config)
+    engines: Dict[str, Engine] = {}
+    names: Dict[str, str] = {}
+    for role, (section, cluster) in sections.items():
+        engine = _engine(section, role)
+        if engine is None:
+            continue  # no strategy_args: a CPU worker (rule-based rewards), no engine
+        if cluster in names.values():
+            other = next(r for r, c in names.items() if c == cluster)
+            raise FieldValueError(f"{FIELD}: {other} and {role} would both be ROLL cluster "
+                                  f"{cluster!r} ({MARKER_VARIABLE}); rename one")
+        engines[role] = engine
+        names[role] = cluster
+    processes = tuple(
+        ProcessRule((role,), MARKER_VARIABLE,
+                    read_token(names[role], f"{role}'s cluster name ({MARKER_VARIABLE})"),
+                    exact=True)
+        for role in sorted(engines))
+    return Spec.of(engines, framework=FRAMEWORK, omitted=omitted, processes=processes,
+                   others=() if processes else None)
+
+
+def _flag(config: Mapping[str, Any], key: str) -> bool:
+    value = config.get(key)
+    return value is not None and read_flag(value, key)
+
+
+def _sections(config: Mapping[str, Any]
+              ) -> Tuple[Dict[str, Tuple[Mapping[str, Any], str]], Dict[str, str]]:
+    """Role -> (its section, the CLUSTER_NAME ROLL gives it), and role -> why
+    a section present is not started under its own name."""
+    out: Dict[str, Tuple[Mapping[str, Any], str]] = {}
+    omitted: Dict[str, str] = {}
+
+    def take(role: str, cluster: str) -> None:
+        section = config.get(role)
+        if section is None:
+            return
+        if not isinstance(section, Mapping):
+            raise fail_type(role, "a mapping (a ROLL WorkerConfig section)", section)
+        out[role] = (section, cluster)
+
+    distill = config.get("student") is not None  # DistillConfig: student + teacher
+    # start_onpolicy_distill_pipeline.py forces is_pure_opd; its configs have
+    # student_train/student_infer, which PPOConfig maps onto actor_train/actor_infer
+    # (base_config.py _handle_opd_mapping).
+    pure_opd = not distill and (_flag(config, "is_pure_opd")
+                                or config.get("student_train") is not None)
+    opd = pure_opd or (not distill and _flag(config, "use_opd"))
+    for role, cluster in FIXED:
+        if pure_opd and role in ("actor_train", "actor_infer") and config.get(role) is not None:
+            omitted[role] = f"pure OPD: student_{role.split('_')[1]} runs instead"
+            continue
+        if opd and role == "reference" and config.get(role) is not None:
+            omitted[role] = "OPD: the teacher runs as the reference"
+            continue
+        take(role, cluster)
+    if pure_opd:
+        for role, cluster in OPD_STUDENT:
+            take(role, cluster)
+    if distill:
+        take(TEACHER, "teacher")
+    elif config.get(TEACHER) is not None:
+        if opd:
+            out.update(_teachers(config[TEACHER]))
+        else:
+            omitted[TEACHER] = "read only with is_pure_opd or use_opd"
+    rewards = config.get(REWARDS)
+    if rewards is not None:
+        if not isinstance(rewards, Mapping):
+            raise fail_type(REWARDS, "a mapping of reward name -> WorkerConfig", rewards)
+        for key, section in rewards.items():
+            role = f"{REWARDS}.{key}"
+            if not isinstance(section, Mapping):
+                raise fail_type(role, "a mapping (a ROLL RewardConfig section)", section)
+            out[role] = (section, f"reward-{key}")  # rlvr_pipeline.py:233
+    model = config.get(REWARD_MODEL)
+    if model is not None:
+        if not isinstance(model, Mapping):
+            raise fail_type(REWARD_MODEL, "a mapping (a ROLL WorkerConfig section)", model)
+        if model.get("strategy_args") is not None:
+            # rlvr_pipeline.py:251 names the cluster by reward_model.name, which
+            # has no default (WorkerConfig.name is None).
+            name = model.get("name")
+            if name is None:
+                raise FieldValueError(f"{FIELD}: {REWARD_MODEL}.name is missing; ROLL names "
+                                      "the reward model's cluster by it (CLUSTER_NAME)")
+            out[REWARD_MODEL] = (model, read_name(name, f"{REWARD_MODEL}.name"))
+    for role, (section, _) in out.items():
+        _check_user_value(section.get("system_envs"), f"{role}.system_envs")
+    return out, omitted
+
+
+def _teachers(value: Any) -> Dict[str, Tuple[Mapping[str, Any], str]]:
+    """OPD's teachers: one WorkerConfig (cluster "teacher"), or name ->
+    WorkerConfig (clusters "teacher-<name>", or "teacher" when there is one),
+    base_config.py _apply_opd_config."""
+    if not isinstance(value, Mapping):
+        raise fail_type(TEACHER, "a mapping (a WorkerConfig, or name -> WorkerConfig)", value)
+    if any(key in value for key in _WORKER_KEYS):
+        return {TEACHER: (value, "teacher")}
+    many = len(value) > 1
+    out = {}
+    for name, section in value.items():
+        role = f"{TEACHER}.{name}"
+        if not isinstance(section, Mapping):
+            raise fail_type(role, "a mapping (a ROLL WorkerConfig section)", section)
+        out[role] = (section, f"teacher-{name}" if many else "teacher")
+    return out
+
+
+def _check_user_value(envs: Any, key: str) -> None:
+    """A value in system_envs reaches that role's workers as the user's own."""
+    if envs is None:
+        return
+    if not isinstance(envs, Mapping):
+        raise fail_type(key, "a mapping of environment variables", envs)
+    if VARIABLE in envs:
+        parse_connections(envs[VARIABLE], f"{key}.{VARIABLE}")
+
+
+def _engine(section: Mapping[str, Any], role: str) -> Optional[Engine]:
+    args = section.get("strategy_args")
+    if args is None:
+        return None  # WorkerConfig.strategy_args defaults to None: no strategy
+    key = f"{role}.strategy_args"
+    if not isinstance(args, Mapping):
+        raise fail_type(key, "a mapping with strategy_name and strategy_config", args)
+    unknown = sorted(str(k) for k in args if k not in ("strategy_name", "strategy_config"))
+    if unknown:
+        raise FieldValueError(f"{FIELD}: unknown key(s) {', '.join(map(repr, unknown))} in "
+                              f"{key}; ROLL's StrategyArguments has strategy_name and "
+                              "strategy_config")
+    name = args.get("strategy_name")
+    name = DEFAULT_STRATEGY if name is None else read_name(name, f"{key}.strategy_name")
+    if name in NO_ENGINE:
+        return None
+    if name not in STRATEGIES:
+        hint = (" (DeepSpeed strategies are gone from ROLL's strategy factory; write the role "
+                "in the compact form with its kind)" if name.startswith("deepspeed") else "")
+        raise FieldValueError(f"{FIELD}: {key}.strategy_name is {name!r}; ROLL's strategies "
+                              f"are {', '.join((*STRATEGIES, *NO_ENGINE))}{hint}")
+    strategy, kind = STRATEGIES[name]
+    settings = args.get("strategy_config")
+    settings = {} if settings is None else settings  # StrategyArguments.__post_init__
+    where = f"{key}.strategy_config"
+    if not isinstance(settings, Mapping):
+        raise fail_type(where, "a mapping", settings)
+    if kind == INFERENCE:
+        tp = settings.get(VLLM_TP_KEY) if name == "vllm" else None
+        return Engine(strategy, kind, tensor_parallel=1 if tp is None
+                      else read_size(tp, f"{where}.{VLLM_TP_KEY}"))
+    if kind != MEGATRON:
+        return Engine(strategy, kind)
+    sizes = {attr: read_size(settings[k], f"{where}.{k}")
+             for attr, k in SIZE_KEYS if settings.get(k) is not None}
+    dispatcher = read_dispatcher(settings.get(DISPATCHER_KEY), None, None,
+                                 (f"{where}.{DISPATCHER_KEY}", "", ""))
+    return Engine(strategy, kind, dispatcher=dispatcher, **sizes)
+
+
+# --- Composing the YAML as ROLL's entry points do -----------------------------------
+
+DEFAULTS = "defaults"
+_HERE = "@_here_"
+_MAX_DEPTH = 8
+
+
+def compose(path: str, loaded: Any) -> Optional[Any]:
+    """A ROLL YAML as Hydra composes it, or None when its ``defaults:`` is not
+    ROLL's kind. ROLL's examples use only ``- <relative path>@_here_``
+    entries (a file merged at the config's own level, e.g.
+    ``../config/traj_envs@_here_``) and ``_self_``; without ``_self_`` the
+    file's own keys come last, as in Hydra 1.1 and later."""
+    entries = _entries(loaded)
+    if entries is None:
+        return None
+    return _compose(loaded, entries, os.path.dirname(os.path.abspath(path)),
+                    [os.path.abspath(path)])
+
+
+def _entries(loaded: Any) -> Optional[List[str]]:
+    from omegaconf import DictConfig, ListConfig
+
+    if not isinstance(loaded, DictConfig) or DEFAULTS not in loaded:
+        return None
+    raw = loaded._get_node(DEFAULTS)
+    if not isinstance(raw, ListConfig):
+        return None
+    entries = list(raw)
+    if not all(isinstance(e, str) and (e.endswith(_HERE) or e == "_self_") for e in entries):
+        return None
+    if not any(e.endswith(_HERE) for e in entries):
+        return None
+    return entries
+
+
+def _compose(config: Any, entries: List[str], folder: str, chain: List[str]) -> Any:
+    from omegaconf import OmegaConf
+
+    own = config.copy()
+    own.pop(DEFAULTS)
+    own.pop("hydra", None)  # Hydra's own settings; not in the composed config
+    if "_self_" not in entries:
+        entries = entries + ["_self_"]
+    merged = OmegaConf.create({})
+    for entry in entries:
+        if entry == "_self_":
+            merged = OmegaConf.merge(merged, own)
+            continue
+        target = os.path.normpath(os.path.join(folder, entry[:-len(_HERE)] + ".yaml"))
+        merged = OmegaConf.merge(merged, _load(target, entry, chain))
+    return merged
+
+
+def _load(path: str, entry: str, chain: List[str]) -> Any:
+    from omegaconf import DictConfig, OmegaConf
+
+    shown = " -> ".join(chain + [path])
+    if path in chain or len(chain) > _MAX_DEPTH:
+        raise FieldValueError(f"{FIELD}: the defaults: list loops or is too deep: {shown}")
+    if not os.path.isfile(path):
+        raise FieldValueError(f"{FIELD}: defaults: entry {entry!r} names {path!r}, which does "
+                              f"not exist (chain: {shown})")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:
+        raise FieldValueError(f"{FIELD}: cannot load {path!r} (chain: {shown}): "
+                              f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(loaded, DictConfig):
+        raise fail_type(f"config file {path!r} (chain: {shown})", "a mapping", show(loaded))
+    if DEFAULTS not in loaded:
+        loaded.pop("hydra", None)
+        return loaded
+    entries = _entries(loaded)
+    if entries is None:
+        raise FieldValueError(f"{FIELD}: {path!r} has a defaults: list that is not ROLL's "
+                              f"'<path>@_here_' form (chain: {shown})")
+    return _compose(loaded, entries, os.path.dirname(path), chain + [path])
+
+
+READER = Reader(
+    name=FRAMEWORK,
+    markers=MARKERS,
+    read=read_roll,
+    roles=ROLES,
+    paths=PATHS,
+    compose=compose,
+)
