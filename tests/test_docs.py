@@ -110,3 +110,75 @@ def test_the_link_check_finds_a_broken_link(tmp_path):
         "`[code](c.md)`\n")
     assert [b.split(": ", 2)[1] for b in broken_links(tmp_path / "b.md")] == [
         "a.md#two-paths", "a.md#same-2", "a.md#not-a-heading", "c.md"]
+
+
+# Every page is reachable from the reading order (docs/README.md), link by link.
+
+def test_every_page_is_reachable_from_the_reading_order():
+    seen, todo = set(), [DOCS / "README.md"]
+    while todo:
+        page = todo.pop()
+        if page in seen:
+            continue
+        seen.add(page)
+        for _, target in links(page.read_text()):
+            path = target.partition("#")[0]
+            if path.endswith(".md") and not re.match(r"[a-z]+:", path):
+                dest = (page.parent / path).resolve()
+                if dest.parent == DOCS.resolve() and dest.exists():
+                    todo.append(dest)
+    assert sorted(p.name for p in DOCS.glob("*.md")) == sorted(p.name for p in seen)
+
+
+# cli.md's console samples are what the CLI prints. A block after
+# "<!-- sample -->" is a command (no cluster) and its stdout, run here; the
+# block after "<!-- sample: check -->" is check's table for six fixed nodes,
+# rendered by check's own formatter.
+
+SAMPLE = re.compile(r"<!-- sample(?:: (\w+))? -->\n```console\n(.*?)\n```", re.S)
+EXAMPLE = ROOT / "ray_megatron_env" / "examples" / "verl_megatron.yaml"
+
+
+def check_sample() -> str:
+    from ray_megatron_env.check import NodeReport
+    from ray_megatron_env.cli import format_check
+    from ray_megatron_env.decision import decide_node
+    from ray_megatron_env.field import parse_field
+    from ray_megatron_env.node import NodeFacts, NodeGpus, parse_gpu_list
+    from ray_megatron_env.runtime_env import build_runtime_env
+
+    spec = parse_field(build_runtime_env(str(EXAMPLE), role="actor")["megatron_env"])
+
+    def node(name, gpus=None, via=None, error=None):
+        decision = None if gpus is None else decide_node(
+            spec, NodeFacts(gpus if isinstance(gpus, NodeGpus) else parse_gpu_list(gpus)),
+            {}, {}, via=via).decision
+        return NodeReport(name * 7, f"10.0.0.{name[-1]}", None if error else via == "plugin",
+                          decision.value if decision else None, decision, error)
+
+    failed = NodeGpus.unknown("nvml", "CUDA_VISIBLE_DEVICES names device 5, but the node has "
+                                      "2 GPU(s)")
+    return "$ ray-megatron-env check --config ppo.yaml --role actor\n" + format_check([
+        node("aaaa1111", "none", "plugin"), node("bbbb2222", "9.0,9.0", "plugin"),
+        node("cccc3333", "8.0", "setup-hook"), node("dddd4444"),
+        node("eeee5555", failed, "plugin"),
+        node("ffff6666", error="no answer within 60 s (node busy or dead?)")])
+
+
+def test_every_cli_sample_is_what_the_cli_prints(capsys, monkeypatch):
+    import shlex
+
+    from ray_megatron_env.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("RAY_RUNTIME_ENV_PLUGINS", raising=False)
+    found = SAMPLE.findall((DOCS / "cli.md").read_text())
+    assert {name for name, _ in found} == {"", "check"} and len(found) >= 4
+    for name, block in found:
+        if name == "check":
+            assert block == check_sample()
+            continue
+        command, _, shown = block.partition("\n")
+        assert command.startswith("$ ray-megatron-env "), command
+        main(shlex.split(command)[2:])
+        assert capsys.readouterr().out.rstrip("\n") == shown, command
