@@ -416,30 +416,33 @@ def convert(value: Any) -> Optional[Dict[str, Any]]:
     return None
 
 
-def compose(path: str, loaded: Any) -> Optional[Any]:
-    """A file of SkyRL overrides -> its mapping: the override lines of a
-    launch script (``\\`` continuations, ``#`` comments, shell quoting),
-    which YAML reads as one key, or a YAML list of override strings."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(loaded, ListConfig):
-        items = OmegaConf.to_container(loaded, resolve=False)
-        if not all(isinstance(item, str) for item in items):
-            return None
-        return convert(items)
-    if not (isinstance(loaded, DictConfig) and len(loaded) == 1):
-        return None
-    key = next(iter(loaded.keys()))
-    if not isinstance(key, str) or "=" not in key or loaded._get_node(key)._value() is not None:
-        return None
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read().replace("\\\n", " ")
+def overrides_file(path: str) -> Optional[Dict[str, Any]]:
+    """A file of SkyRL overrides (the override lines of a launch script:
+    ``\\`` continuations, ``#`` comments, shell quoting) -> its mapping;
+    None when the file is anything else (a YAML file is not split into
+    ``key=value`` words). YAML cannot load such a file, so ``loading`` asks
+    here before it tries."""
     try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(1 << 20).replace("\\\n", " ")
         args = shlex.split(text, comments=True)
-    except ValueError as exc:
-        raise FieldValueError(f"{FIELD}: {path}: cannot split the overrides as a shell "
-                              f"does: {exc}") from None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not args or _tops(args) is None:
+        return None
     return convert(args)
+
+
+def compose(path: str, loaded: Any) -> Optional[Any]:
+    """A YAML list of SkyRL override strings -> its mapping."""
+    from omegaconf import ListConfig, OmegaConf
+
+    if not isinstance(loaded, ListConfig):
+        return None
+    items = OmegaConf.to_container(loaded, resolve=False)
+    if not all(isinstance(item, str) for item in items):
+        return None
+    return convert(items)
 
 
 READER = Reader(
