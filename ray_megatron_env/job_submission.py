@@ -20,6 +20,14 @@ adds. What each framework's driver adds, read from its source:
   environment already holds every submitted variable.
 * slime and AReaL: no runtime env in ``ray.init`` (AReaL
   ``areal/infra/launcher/ray.py``).
+* SkyRL 0.4.0 (``skyrl/train/utils/utils.py``, ``prepare_runtime_environment``,
+  passed by ``initialize_ray``): ``env_vars`` of two kinds. Most are copied
+  from the driver's environment (``SKYRL_*``, ``HF_*``, ``UV_*``, ...), so
+  they equal the submitted ones and merge. A few it sets to its own value
+  for some configs whatever that environment holds (``SKYRL_SETS``, and
+  CUDA_DEVICE_MAX_CONNECTIONS=1 for Megatron, which the field's
+  ``replaces`` decides anew): a different value of one in the submitted
+  env is kept, with a note that SkyRL's driver may override it.
 
 The setup hook (the worker-side fallback) goes in as the top-level
 ``worker_process_setup_hook`` string, which ``ray job submit`` accepts; the
@@ -61,6 +69,13 @@ from .worker import FIELD_VARIABLE
 VERL_ALWAYS_SET = ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "VERL_RL_INSIGHT_ENABLE",
                    "NVTX_INJECTION64_PATH")
 
+# SkyRL's prepare_runtime_environment: set to these values, for some configs,
+# whatever the driver's environment holds (nccl weight sync; Megatron;
+# Megatron with flash_attn; the vLLM backend).
+SKYRL_SETS = {"NCCL_CUMEM_ENABLE": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+              "NVTE_FUSED_ATTN": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+              "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
 
 def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, Any], List[str]]:
     """``env`` (from ``build_runtime_env``) made safe to submit beside the
@@ -83,6 +98,14 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
                          "set them in the config or the driver's shell instead")
         for key in clash:
             env_vars.pop(key)
+    elif framework in ("skyrl", "skyrl-sft"):
+        for key in sorted(set(env_vars) & set(SKYRL_SETS)):
+            if str(env_vars[key]) != SKYRL_SETS[key]:
+                notes.append(f"SkyRL's driver sets {key}={SKYRL_SETS[key]} in ray.init for some "
+                             f"configs whatever its environment holds; with the submitted "
+                             f"{key}={env_vars[key]} the merge then fails naming it "
+                             f"({MERGE_VARIABLE}={MERGE_STRICT}), or SkyRL's value wins "
+                             f"({MERGE_OVERRIDE}, or under uv run)")
     elif framework == "nemo-rl" and not asked:
         asked = True
         notes.append(f"NeMo-RL's driver passes its whole environment as env_vars to ray.init, "
