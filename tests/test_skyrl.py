@@ -305,3 +305,44 @@ def test_runtime_env_notes_a_value_skyrls_driver_sets_itself(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert code == OK and "NCCL_CUMEM_ENABLE=0" in err and "HF_HOME" not in err
     assert json.loads(out)["env_vars"]["NCCL_CUMEM_ENABLE"] == "1"
+
+
+# --- Through Ray's merge of the submitted env with SkyRL's ray.init env --------------
+
+# What SkyRL's prepare_runtime_environment gives initialize_ray for a Megatron
+# job with vLLM and nccl weight sync (skyrl/train/utils/utils.py), in part.
+SKYRL_DRIVER_ENV = {"env_vars": {
+    VARIABLE: "1", "NCCL_CUMEM_ENABLE": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "FLA_TILELANG": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_V1": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+
+
+@pytest.mark.parametrize("under_uv_run", [True, False])
+@pytest.mark.parametrize("capability,expected", [((9, 0), "1"), ((10, 0), None)])
+def test_a_submitted_job_under_uv_run_and_without(monkeypatch, under_uv_run, capability,
+                                                  expected):
+    """ray.init in SkyRL's driver merges the submitted env (from
+    `runtime-env`) with its own, the driver's winning (RAY_OVERRIDE_JOB_
+    RUNTIME_ENV=1); under `uv run` Ray then calls its uv hook instead of
+    RAY_RUNTIME_ENV_HOOK (ray/_private/worker.py, _maybe_modify_runtime_env),
+    so nothing of this package runs in the driver. The field survives the
+    merge either way, and each node decides over SkyRL's "1"."""
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    from ray_megatron_env.hook import JOB_CONFIG_VARIABLE, runtime_env_hook
+    from ray_megatron_env.job_submission import job_submission_env
+
+    job, _ = job_submission_env(build_runtime_env(args_of("run_megatron.txt")), "skyrl")
+    job = json.loads(json.dumps(job))
+    for key, value in job["env_vars"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv(JOB_CONFIG_VARIABLE, json.dumps({"runtime_env": job}))
+    merged = _merge_runtime_env(job, SKYRL_DRIVER_ENV, override=True)
+    if not under_uv_run:
+        merged = runtime_env_hook(merged)  # strict: SkyRL's keys differ from none submitted
+    assert merged["megatron_env"]["replaces"] == "1"
+    env_vars = dict(merged["env_vars"])
+    assert env_vars[VARIABLE] == "1"  # SkyRL's, until the worker's node decides
+    agent_on(capability).apply(merged, env_vars, {}, logging.getLogger("t"))
+    assert env_vars.get(VARIABLE) == expected
