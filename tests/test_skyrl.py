@@ -209,6 +209,11 @@ def test_a_misspelt_key_that_is_read_is_refused_with_a_hint(typo, meant):
     assert meant in str(info.value)
 
 
+def test_a_misspelt_top_level_key_in_the_overrides_is_named():
+    with pytest.raises(FieldValueError, match="'generatr' .SkyRL's 'generator'"):
+        spec_of(["trainer.strategy=megatron", "generatr.inference_engine.num_engines=2"])
+
+
 def test_keys_not_read_are_ignored():
     # DAPO's algorithm keys, SkyRL's other Megatron keys, main_base's peeked
     # override_entrypoint: none stops the reader.

@@ -408,6 +408,12 @@ def convert(value: Any) -> Optional[Dict[str, Any]]:
         if isinstance(trainer, dict) and trainer.get("strategy") is None:
             trainer["strategy"] = STRATEGY_DEFAULT
         return mapping
+    unknown = sorted(keys - set(TOP_KEYS))
+    hints = {key: difflib.get_close_matches(key, TOP_KEYS, n=1, cutoff=0.8) for key in unknown}
+    if keys & {"trainer", "generator"} and all(hints.values()):
+        named = ", ".join(f"{key!r} (SkyRL's {hints[key][0]!r}?)" for key in unknown)
+        raise FieldValueError(f"{FIELD}: SkyRL's overrides have the top-level key(s) {named}; "
+                              f"SkyRL's are {', '.join(TOP_KEYS)}")
     if keys <= set(SFT_FIELDS):
         mapping = _parse(value)
         if mapping.get(SFT_STRATEGY) is None:
