@@ -430,8 +430,12 @@ def overrides_file(path: str) -> Optional[Dict[str, Any]]:
     here before it tries."""
     try:
         with open(path, encoding="utf-8") as handle:
-            text = handle.read(1 << 20).replace("\\\n", " ")
-        args = shlex.split(text, comments=True)
+            text = handle.read(1 << 20)
+        first = next((line.strip().lstrip("\"'") for line in text.splitlines()
+                      if line.strip() and not line.strip().startswith("#")), "")
+        if _OVERRIDE.match(first) is None:
+            return None  # YAML (or anything else) starts otherwise: no need to split it
+        args = shlex.split(text.replace("\\\n", " "), comments=True)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     if not args or _tops(args) is None:
