@@ -22,6 +22,13 @@ from .worker import FIELD_VARIABLE
 VERL_ALWAYS_SET = ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "VERL_RL_INSIGHT_ENABLE",
                    "NVTX_INJECTION64_PATH")
 
+# SkyRL's prepare_runtime_environment: set to these values, for some configs,
+# whatever the driver's environment holds (nccl weight sync; Megatron;
+# Megatron with flash_attn; the vLLM backend).
+SKYRL_SETS = {"NCCL_CUMEM_ENABLE": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+              "NVTE_FUSED_ATTN": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+              "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
 
 def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, Any], List[str]]:
     """``env`` (from ``build_runtime_env``) made safe to submit beside the
@@ -44,6 +51,14 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
                          "set them in the config or the driver's shell instead")
         for key in clash:
             env_vars.pop(key)
+    elif framework in ("skyrl", "skyrl-sft"):
+        for key in sorted(set(env_vars) & set(SKYRL_SETS)):
+            if str(env_vars[key]) != SKYRL_SETS[key]:
+                notes.append(f"SkyRL's driver sets {key}={SKYRL_SETS[key]} in ray.init for some "
+                             f"configs whatever its environment holds; with the submitted "
+                             f"{key}={env_vars[key]} the merge then fails naming it "
+                             f"({MERGE_VARIABLE}={MERGE_STRICT}), or SkyRL's value wins "
+                             f"({MERGE_OVERRIDE}, or under uv run)")
     elif framework == "nemo-rl" and not asked:
         asked = True
         notes.append(f"NeMo-RL's driver passes its whole environment as env_vars to ray.init, "

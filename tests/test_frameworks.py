@@ -9,7 +9,7 @@ from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.frameworks import readers, to_mapping
 
-READER_NAMES = ("verl", "verl-sft", "areal", "nemo-rl", "slime", "roll")
+READER_NAMES = ("verl", "verl-sft", "areal", "nemo-rl", "skyrl", "skyrl-sft", "slime", "roll")
 
 
 def test_every_framework_has_a_reader():

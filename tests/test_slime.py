@@ -200,7 +200,7 @@ def test_a_list_without_slimes_options_is_not_slimes(args):
 
 
 def test_a_megatron_only_list_is_refused_with_the_frameworks_named():
-    with pytest.raises(FieldValueError, match="command-line arguments .slime"):
+    with pytest.raises(FieldValueError, match="command-line arguments .*slime"):
         build_runtime_env(["--tensor-model-parallel-size", "2"])
 
 
@@ -400,7 +400,7 @@ def test_runtime_env_for_one_role(capsys):
     (["runtime-env", str(QWEN3_4B), "--", "--colocate"], "not both"),
     (["runtime-env", "--base-json", "{not json", "--", "--colocate"], "not valid JSON"),
     (["runtime-env", "--base-json", "[1]", "--", "--colocate"], "JSON object"),
-    (["runtime-env", "--", "--tensor-model-parallel-size", "2"], "(slime), and this one is not"),
+    (["runtime-env", "--", "--tensor-model-parallel-size", "2"], "slime), and this one is not"),
 ])
 def test_runtime_env_usage_errors_exit_2(capsys, argv, words):
     code, _, err = run(capsys, *argv)

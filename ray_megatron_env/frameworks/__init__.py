@@ -48,10 +48,10 @@ def has_path(config: Mapping[str, Any], path: str) -> bool:
 
 
 def readers() -> Tuple[Reader, ...]:
-    from . import areal, nemo_rl, roll, slime, verl
+    from . import areal, nemo_rl, roll, skyrl, slime, verl
 
-    return (verl.READER, verl.SFT_READER, areal.READER, nemo_rl.READER, slime.READER,
-            roll.READER)
+    return (verl.READER, verl.SFT_READER, areal.READER, nemo_rl.READER, skyrl.READER,
+            skyrl.SFT_READER, slime.READER, roll.READER)
 
 
 def reader_for(config: Mapping[str, Any]) -> Reader:

@@ -68,7 +68,12 @@ def to_plain(config: ConfigLike) -> Mapping[str, Any]:
     """
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
-        config = compose_yaml(path, _load_yaml(path))
+        # A file of SkyRL's key=value overrides (a launch script's lines),
+        # which YAML cannot load; anything else is YAML.
+        from .skyrl import overrides_file
+
+        overrides = overrides_file(path) if os.path.isfile(path) else None
+        config = overrides if overrides is not None else compose_yaml(path, _load_yaml(path))
     if _is_omegaconf(config):
         return _pluck_omegaconf(config)
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
