@@ -102,8 +102,8 @@ NODE_SETS: Dict[str, NodeSet] = {
     # on a 2-core machine (docs/performance.md#6-the-test-suites-clusters).
     # The V100 and 2xH100 GPU classes, and the per-node value of every
     # config on every class, are the unit matrix in
-    # tests/test_plugin_cluster.py (the agent's own code) and the demo's run
-    # (tests/test_demo.py); here each path and each claim is shown once on
+    # tests/cluster/test_plugin.py (the agent's own code) and the demo's run
+    # (tests/cluster/test_demo.py); here each path and each claim is shown once on
     # a live worker.
     "standard": (
         SimulatedNode("cpu_head", "none"),

@@ -11,6 +11,7 @@ from ray_megatron_env.explanation import explain
 from ray_megatron_env.field import parse_field
 from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON
 from ray_megatron_env.spec import Engine
+from paths import FIXTURES
 
 
 def engines(config):
@@ -128,7 +129,7 @@ def test_unresolved_interpolations_are_refused_not_resolved():
 
 # --- verl's own choice of workers (verl/trainer/ppo/utils.py, 0.9.1) ----------
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verl"
+FIXTURES = FIXTURES / "verl"
 GRPO_FSDP_ACTOR = (f"{ACTOR}.strategy=fsdp", "algorithm.adv_estimator=grpo",
                    "critic.strategy=megatron", "critic.megatron.tensor_model_parallel_size=4")
 

@@ -23,8 +23,9 @@ from ray_megatron_env.node import parse_gpu_list
 from ray_megatron_env.spec import ProcessRule
 
 from deciding import decided
+from paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "roll"
+FIXTURES = FIXTURES / "roll"
 GPUS = ("8.0", "9.0", "10.0", "9.0,10.0")
 ONE = dict(zip(GPUS, ("1 (preferred)", "1 (preferred)", "unset", "1 (preferred)")))
 UNSET = dict.fromkeys(GPUS, "unset")

@@ -318,7 +318,7 @@ def test_the_job_submission_env_leaves_out_what_verls_driver_always_sets():
 
 
 # A GB200 tray in a multi-node NVLink domain, no IMEX channel in the container
-# (tests/test_packs.py has the same node): nccl-fabric's first row (docs/packs.md).
+# (tests/unit/packs/test_nccl_fabric.py has the same node): nccl-fabric's first row (docs/packs.md).
 GB200_NO_IMEX = json.dumps({"gpus": "10.0,10.0,10.0,10.0", "imex_channel": "absent",
                             "fabric": {"state": "completed", "status": "success",
                                        "cluster_uuid": "5d3f0c2a-8b1e-4c7d-9a6f-2e4b8c1d7f30",

@@ -21,8 +21,9 @@ from ray_megatron_env.explanation import explain
 from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.runtime_env import build_runtime_env
+from paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "skyrl"
+FIXTURES = FIXTURES / "skyrl"
 VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 GPUS = ("8.0", "9.0", "10.0")  # A100, H100, B200
 UNSET = (None, None, None)

@@ -114,7 +114,7 @@ def _check(group, expected, role):
     return len(seen)
 
 
-# slow: on the load test's "registered" set, as test_check_registered.py.
+# slow: on the load test's "registered" set, as cluster/test_check_registered.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ACCELERATORS))
 def test_every_rank_of_verls_trainer_worker_group_gets_its_nodes_value(as_job, name):

@@ -26,8 +26,9 @@ from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHEC
 from ray_megatron_env.frameworks.loading import load_spec
 
 from deciding import decided
+from paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "slime"
+FIXTURES = FIXTURES / "slime"
 QWEN3_4B = FIXTURES / "run-qwen3-4B.args.json"
 GLM4_9B = FIXTURES / "run-glm4-9B.args.json"
 QWEN3_30B = FIXTURES / "run-qwen3-30B-A3B.args.json"

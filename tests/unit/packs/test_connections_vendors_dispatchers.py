@@ -23,9 +23,10 @@ from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.spec import Engine
 
 from configs import ACTOR, FSDP_YAML, plain
+from paths import FIXTURES
 
-SLIME = Path(__file__).parent / "fixtures" / "slime" / "run-qwen3-4B.args.json"
-NEMO_RL_MEGATRON = (Path(__file__).parent / "fixtures" / "nemo_rl" / "configs" /
+SLIME = FIXTURES / "slime" / "run-qwen3-4B.args.json"
+NEMO_RL_MEGATRON = (FIXTURES / "nemo_rl" / "configs" /
                     "grpo_math_1B_megatron.yaml")
 OVERRIDE = f"+{ACTOR}.megatron.override_transformer_config"
 

@@ -18,8 +18,9 @@ from ray_megatron_env.node import (
     UNWRITABLE, WRITABLE, parse_fake_node,
 )
 from ray_megatron_env.probe import FAKE_VARIABLE, ROOT_VARIABLE, probe_gpus
+from paths import FIXTURES
 
-SMI = Path(__file__).parent / "fixtures" / "nvidia_smi"
+SMI = FIXTURES / "nvidia_smi"
 NO_SMI = ("/nonexistent/nvidia-smi",)
 
 

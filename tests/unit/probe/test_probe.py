@@ -25,8 +25,9 @@ import pytest
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.probe import FAKE_VARIABLE, METHOD_VARIABLE, ROOT_VARIABLE, probe_gpus
+from paths import FAKES
 
-FAKE_SMI = [str(Path(__file__).parent / "fakes" / "nvidia-smi")]
+FAKE_SMI = [str(FAKES / "nvidia-smi")]
 NO_SMI = ["/nonexistent/ray-megatron-env-tests/nvidia-smi"]
 
 UUID0 = "GPU-aaaa1111-0000-0000-0000-000000000000"

@@ -1,9 +1,9 @@
 """Every bad input and fault this project was tried against, as data.
 
-The tests iterate these lists (test_bad_input.py on the driver and in the
+The tests iterate these lists (cluster/test_bad_input.py on the driver and in the
 agent of a real cluster; the fault rows name the tests that prove them), and
-``docs/reliability.md`` is rendered from them: ``python tests/reliability_cases.py``
-rewrites it, and test_docs.py fails if it drifts.
+``docs/reliability.md`` is rendered from them: ``python tests/helpers/reliability_cases.py``
+rewrites it, and house/test_docs.py fails if it drifts.
 """
 
 from __future__ import annotations
@@ -217,70 +217,70 @@ FAULTS: Tuple[Fault, ...] = (
           "'unknown' (conservative rule, reason recorded), /dev/kfd names an AMD node, "
           "/dev/davinci<N> an Ascend node, /dev/mtgpu.<N> a Moore Threads node; only when "
           "every source says none is the node 'no GPU'", "nothing",
-          ("test_probe.py::test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked",
-           "test_probe.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
-           "test_probe.py::test_an_amd_node_is_named_as_such",
-           "test_probe.py::test_ascend_and_moore_threads_nodes_are_named_never_no_gpu",
-           "test_probe.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
-           "test_plugin_cluster.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe",
-           "test_plugin_cluster.py::test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node",
-           "test_faults_cluster.py::test_nvidia_devices_listed_by_the_kernel_are_never_no_gpu",
-           "test_faults_cluster.py::test_an_amd_node_is_named_and_follows_megatrons_major_9")),
+          ("unit/probe/test_probe.py::test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked",
+           "unit/probe/test_probe.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
+           "unit/probe/test_probe.py::test_an_amd_node_is_named_as_such",
+           "unit/probe/test_probe.py::test_ascend_and_moore_threads_nodes_are_named_never_no_gpu",
+           "unit/probe/test_probe.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
+           "cluster/test_plugin.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe",
+           "cluster/test_plugin.py::test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node",
+           "cluster/test_faults.py::test_nvidia_devices_listed_by_the_kernel_are_never_no_gpu",
+           "cluster/test_faults.py::test_an_amd_node_is_named_and_follows_megatrons_major_9")),
     Fault("an NVML call hangs in the driver", "given up after 3 s (unknown, conservative, "
           "reason recorded); the stuck call is never waited on again; nvidia-smi still asked",
           "nothing",
-          ("test_probe.py::test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice",)),
+          ("unit/probe/test_probe.py::test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice",)),
     Fault("NVML init error (driver not loaded, version mismatch)",
           "nvidia-smi is tried; if it fails too, the GPUs are 'unknown', the conservative rule "
           "applies and the decision's probe.error and warnings say why", "nothing",
-          ("test_probe.py::test_nvml_init_error_falls_back_to_nvidia_smi",)),
+          ("unit/probe/test_probe.py::test_nvml_init_error_falls_back_to_nvidia_smi",)),
     Fault("a per-device NVML error (GPU lost)", "as above", "nothing",
-          ("test_probe.py::test_nvml_device_error_falls_back_to_nvidia_smi",)),
+          ("unit/probe/test_probe.py::test_nvml_device_error_falls_back_to_nvidia_smi",)),
     Fault("garbage from nvidia-smi", "unknown GPUs, conservative rule, error recorded", "nothing",
-          ("test_probe.py::test_nvidia_smi_errors",)),
+          ("unit/probe/test_probe.py::test_nvidia_smi_errors",)),
     Fault("nvidia-smi hangs", "killed with its process group after 3 s; the worker starts with "
           "the conservative value; other runtime envs on the node start meanwhile (the probe "
           "runs off the agent's event loop)", "nothing",
-          ("test_plugin_cluster.py::test_a_hung_nvidia_smi_does_not_block_the_agent",)),
+          ("cluster/test_plugin.py::test_a_hung_nvidia_smi_does_not_block_the_agent",)),
     Fault("malformed RAY_MEGATRON_ENV_FAKE_GPUS", "unknown GPUs, conservative rule, error recorded",
-          "nothing", ("test_plugin_cluster.py::test_a_malformed_fake_is_recorded_and_treated_conservatively",)),
+          "nothing", ("unit/test_agent.py::test_a_malformed_fake_is_recorded_and_treated_conservatively",)),
     Fault("the node's CUDA_VISIBLE_DEVICES names a missing GPU", "unknown GPUs, conservative "
           "rule, the error names the device (no silent truncation as CUDA would do)", "nothing",
-          ("test_probe.py::test_nvml_visible_devices_error_does_not_fall_back",
-           "test_faults_cluster.py::test_visible_devices_naming_a_missing_gpu_on_a_real_node")),
+          ("unit/probe/test_probe.py::test_nvml_visible_devices_error_does_not_fall_back",
+           "cluster/test_faults.py::test_visible_devices_naming_a_missing_gpu_on_a_real_node")),
     Fault("plugin not registered on one node", "Ray ignores the field there (one WARNING in "
           "that node's log); the job env's setup hook decides in each worker instead, with the "
           "same value and `via: setup-hook`; `check` shows PLUGIN no, VIA setup-hook",
           "nothing, with a job env from build_runtime_env; with a task or actor env alone "
           "(no job-level hook), the value on that node",
-          ("test_fallback_cluster.py::test_every_node_gets_its_value_registered_or_not",
-           "test_plugin_cluster.py::test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin",
-           "test_operator_cluster.py::test_check_strict_shows_which_path_decides_on_every_node")),
+          ("cluster/test_fallback.py::test_every_node_gets_its_value_registered_or_not",
+           "cluster/test_plugin.py::test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin",
+           "cluster/test_operator.py::test_check_strict_shows_which_path_decides_on_every_node")),
     Fault("plugin registered but the package not installed on a node", "Ray's agent cannot "
           "import the class, the raylet exits and the node never joins; the agent's "
           "runtime_env_agent*.err names the missing module (Ray's behaviour, not the plugin's)",
           "the node, until the package is installed",
-          ("test_faults_cluster.py::test_a_registered_but_missing_package_keeps_the_node_out",)),
+          ("cluster/test_faults.py::test_a_registered_but_missing_package_keeps_the_node_out",)),
     Fault("a broken install (a module of the package missing)", "workers with the field fail "
           "with RuntimeEnvSetupError naming BrokenInstallError and the fix; the node stays up and "
           "runs everything else", "nothing but those workers' start",
-          ("test_import.py::test_a_broken_install_fails_the_worker_not_the_import",
-           "test_faults_cluster.py::test_a_broken_install_fails_workers_not_the_node")),
+          ("house/test_import.py::test_a_broken_install_fails_the_worker_not_the_import",
+           "cluster/test_faults.py::test_a_broken_install_fails_workers_not_the_node")),
     Fault("an older package on a node than on the driver (format version)", "RuntimeEnvSetupError: "
           "format version N is not supported ... install the same version", "nothing",
-          ("test_faults_cluster.py::test_an_old_install_refuses_a_newer_format_clearly",)),
+          ("cluster/test_faults.py::test_an_old_install_refuses_a_newer_format_clearly",)),
     Fault("RAY_RUNTIME_ENV_PLUGINS lists other plugins too", "both plugins run; `register` "
           "merges without dropping or duplicating", "nothing",
-          ("test_faults_cluster.py::test_another_plugin_registered_beside_this_one",
-           "test_cli.py::test_register_keeps_other_plugins_and_lists_this_one_once")),
+          ("cluster/test_faults.py::test_another_plugin_registered_beside_this_one",
+           "unit/test_cli.py::test_register_keeps_other_plugins_and_lists_this_one_once")),
     Fault("100 actors at once on 4 nodes, 5 different runtime envs", "every worker gets its "
           "node's value; one probe per node per agent process; no deadlock; the agents' "
           "resident memory stays flat", "nothing",
-          ("test_load.py::test_many_actors_at_once",)),
+          ("cluster/test_load.py::test_many_actors_at_once",)),
     Fault("the plugin called 500 times as the agent calls it (`validate`, `create`, "
           "`modify_context`), 5 runtime envs", "less than 32 bytes kept per call "
           "(tracemalloc, after a collection)", "nothing",
-          ("test_load.py::test_the_plugin_keeps_nothing_per_worker",)),
+          ("unit/test_plugin.py::test_the_plugin_keeps_nothing_per_worker",)),
 )
 
 
@@ -300,7 +300,7 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    doc = Path(__file__).parent.parent / "docs" / "reliability.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
     text = doc.read_text()
     head, rest = text.split("<!-- cases:begin -->", 1)
     tail = rest.split("<!-- cases:end -->", 1)[1]

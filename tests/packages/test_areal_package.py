@@ -52,8 +52,9 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from ray_megatron_env import build_runtime_env  # noqa: E402
 from ray_megatron_env.explanation import explain  # noqa: E402
+from paths import FIXTURES
 
-EXAMPLES = Path(__file__).parent / "fixtures" / "areal" / "examples" / "math"
+EXAMPLES = FIXTURES / "areal" / "examples" / "math"
 GRPO = EXAMPLES / "gsm8k_grpo_megatron.yaml"
 PPO = EXAMPLES / "gsm8k_ppo_megatron.yaml"
 GPUS = ("8.0", "9.0", "10.0", "9.0,10.0")

@@ -269,7 +269,7 @@ def test_precedence_on_real_nodes(cluster, config, node, explicit, value, source
 def test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin(cluster):
     # Ray ignores the field there, and honours worker_process_setup_hook only
     # in the job's env (ray.init): the fallback needs the job env
-    # (tests/test_fallback_cluster.py).
+    # (tests/cluster/test_fallback.py).
     env = build_runtime_env(verl(*MEGATRON_TP2))
     assert on_nodes(cluster, env, ["unplugged"]) == {"unplugged": (None, None)}
 
@@ -299,7 +299,7 @@ def test_a_malformed_fake_is_recorded_and_treated_conservatively():
     # Unit: the agent's code, its probe reading "9.x" (until 0.1.0 a node of
     # its own). A probe error recorded in a live worker's decision, with the
     # conservative value: test_a_hung_nvidia_smi_does_not_block_the_agent
-    # below, and test_faults_cluster.py's smi_missing and nvidia_listed nodes.
+    # below, and cluster/test_faults.py's smi_missing and nvidia_listed nodes.
     env = build_runtime_env(verl(*MEGATRON_TP2))
     env_vars = dict(env["env_vars"])
     agent = NodeAgent(ProbeCache(probe=lambda: probe_gpus({FAKE_VARIABLE: "9.x"})))

@@ -23,8 +23,9 @@ from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.frameworks.loading import load_spec, load_yaml
 from ray_megatron_env.runtime_env import build_runtime_env
 from ray_megatron_env.spec import ProcessRule
+from paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "areal"
+FIXTURES = FIXTURES / "areal"
 VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 GPUS = ("8.0", "9.0", "10.0", "9.0,10.0")
 UNSET = (None, None, None, None)

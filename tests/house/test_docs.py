@@ -8,8 +8,9 @@ from pathlib import Path
 from ray_megatron_env.packs import markdown_packs
 from ray_megatron_env.packs.connections import markdown_tables
 from reliability_cases import FAULTS, render
+from paths import ROOT
 
-DOCS = Path(__file__).parent.parent / "docs"
+DOCS = ROOT / "docs"
 
 
 def between(text: str, name: str) -> str:
@@ -92,7 +93,7 @@ def test_every_relative_link_in_the_docs_resolves():
 
 def test_every_docs_anchor_the_code_names_exists():
     bad = []
-    for source in sorted((ROOT / "ray_megatron_env").rglob("*.py")) + sorted((ROOT / "tests").glob("*.py")) + [ROOT / ".ci" / "run"]:
+    for source in sorted((ROOT / "ray_megatron_env").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py")) + [ROOT / ".ci" / "run"]:
         for page, fragment in re.findall(r"\bdocs/([\w-]+\.md)(?:#([\w-]+))?", source.read_text()):
             if not (DOCS / page).exists():
                 bad.append(f"{source.relative_to(ROOT)}: docs/{page}: no such file")

@@ -38,11 +38,12 @@ sft_config = pytest.importorskip("skyrl.train.config.sft_config")
 
 from ray_megatron_env import build_runtime_env  # noqa: E402
 from ray_megatron_env.explanation import explain  # noqa: E402
+from paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "skyrl"
+FIXTURES = FIXTURES / "skyrl"
 GPUS = ("8.0", "9.0", "10.0")
 
-# script -> value on GPUS, by hand (the table; tests/test_skyrl.py's GOLDEN).
+# script -> value on GPUS, by hand (the table; tests/unit/frameworks/test_skyrl.py's GOLDEN).
 SCRIPTS = {
     "run_megatron.txt": ("1", "1", None),
     "run_megatron_qwen3-30b-a3b.txt": ("1", "1", None),

@@ -4,7 +4,7 @@ the job config's env, then RAY_RUNTIME_ENV_HOOK, then the setup hook's
 upload), with the env that `ray-megatron-env runtime-env` writes: the
 driver's own setup hook runs after ours, whatever the driver's shape and
 RAY_OVERRIDE_JOB_RUNTIME_ENV; a real conflict fails in ray.init, named.
-tests/test_job_submit_cluster.py does the same through `ray job submit`."""
+tests/cluster/test_job_submit.py does the same through `ray job submit`."""
 
 import json
 import os

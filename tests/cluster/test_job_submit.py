@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from configs import MEGATRON_YAML
-from jobs import driver_environment
+from drivers import driver_environment
 from ray_megatron_env.simulation import NODE_RAY_SETTINGS
 
 # ray_version_specific: job submission, the job config and the runtime env merge
@@ -51,8 +51,8 @@ from ray_megatron_env.simulation import NODE_RAY_SETTINGS
 # Ray machinery that changes between versions: .ci/run runs this on 2.41 too.
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.ray_version_specific]
 
-ROOT = Path(__file__).parent.parent
-FAKES = Path(__file__).parent / "fakes"
+ROOT = ROOT
+FAKES = FAKES
 BIN = Path(sys.executable).parent
 # name -> RAY_MEGATRON_ENV_FAKE_GPUS; the first is the head.
 NODES = {"head": "none", "h100": "9.0", "b200": "10.0"}
@@ -127,6 +127,7 @@ shutil.rmtree(here, ignore_errors=True)
 
 USER_HOOK = '''
 import os
+from paths import FAKES, ROOT
 
 
 def mark():

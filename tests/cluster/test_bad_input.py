@@ -1,4 +1,4 @@
-"""The bad-input matrix (reliability_cases.py) on both sides: the driver
+"""The bad-input matrix (helpers/reliability_cases.py) on both sides: the driver
 helper and hook raise the documented error; the agent of a real node fails
 the worker fast with the same words, never a hang."""
 

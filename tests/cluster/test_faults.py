@@ -13,7 +13,7 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from jobs import run_job
+from drivers import run_job
 from ray_megatron_env import build_runtime_env
 
 CLUSTER = "faults"

@@ -14,9 +14,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from configs import FSDP_YAML, MEGATRON_TP2, verl
-from jobs import run_job
+from drivers import run_job
+from paths import TESTS
 
-TESTS = Path(__file__).parent
+HELPERS = TESTS / "helpers"
 # Every test here rests on Ray's handling of worker_process_setup_hook (only
 # in the job env; a string or a callable; run before the worker's first
 # task), on the job config a worker reads its job's env_vars from, and on
@@ -35,7 +36,7 @@ def megatron_job(cluster, tmp_path_factory):
     return run_job(cluster, tmp, f"""
         env = build_runtime_env({str(config)!r}, base={{
             "worker_process_setup_hook": "fallback_user_hook.mark",
-            "env_vars": {{"PYTHONPATH": {str(TESTS)!r}}}}})
+            "env_vars": {{"PYTHONPATH": {str(HELPERS)!r}}}}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
         nodes = ["cpu_head", "a100", "b200", "unplugged", "a100_inherit1_unplugged"]
         out = {{"job": on(nodes), "again": on(["unplugged"])}}
@@ -65,7 +66,7 @@ def test_every_node_gets_its_value_registered_or_not(megatron_job):
     # Megatron TP=2 under verl before Blackwell: 1 (the A100's inherited 1
     # meets it, so it is kept as the node's); Blackwell and CPU: unset. The
     # setup hook's decision on a Blackwell node (unset) is unit-tested
-    # (test_worker_fallback.py::test_the_job_field_is_decided_from_the_nodes_gpus);
+    # (unit/test_worker.py::test_the_job_field_is_decided_from_the_nodes_gpus);
     # an unset value by the setup hook on a live worker: the critic below.
     assert {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["job"].items()} == {
         "cpu_head": (None, "plugin", "none"), "a100": ("1", "plugin", "policy"),

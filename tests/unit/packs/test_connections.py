@@ -22,8 +22,9 @@ from ray_megatron_env.packs.connections import (
 from ray_megatron_env.spec import Engine, Spec
 
 from deciding import decided as decide
+from paths import GOLDEN, ROOT
 
-GOLDEN = yaml.safe_load((Path(__file__).parent / "golden" / "decisions.yaml").read_text())
+GOLDEN = yaml.safe_load((GOLDEN / "decisions.yaml").read_text())
 
 
 def node(gpus: str) -> NodeGpus:
@@ -137,7 +138,7 @@ def test_a_conflict_that_holds_on_every_gpu_class_is_found():
 
 # --- Megatron-Bridge's recipes as a peer table ------------------------------------
 
-BRIDGE = yaml.safe_load((Path(__file__).parent / "golden" / "bridge_recipes.yaml").read_text())
+BRIDGE = yaml.safe_load((GOLDEN / "bridge_recipes.yaml").read_text())
 BRIDGE_GPUS = {"h100": "9.0", "b200": "10.0", "gb200": "10.0"}
 
 
@@ -166,7 +167,7 @@ def test_the_bridge_table_spans_h100_b200_gb200_and_every_difference_is_explaine
     assert len(BRIDGE) >= 20
     assert {case["gpu"] for case in BRIDGE} == set(BRIDGE_GPUS)
     assert len({(case["recipe"], case["function"]) for case in BRIDGE}) == len(BRIDGE)
-    rules_page = (Path(__file__).parent.parent / "docs" / "rules.md").read_text()
+    rules_page = (ROOT / "docs" / "rules.md").read_text()
     for case in BRIDGE:
         if "difference" in case:
             assert f'<a id="bridge-{case["difference"]}"></a>' in rules_page

@@ -19,7 +19,7 @@ from ray_megatron_env.hook import TAKE_OVER_VARIABLE
 from ray_megatron_env.runtime_env import HOOK_PATH
 
 from conftest import NODE_SETS, UNREGISTERED
-from jobs import driver_environment
+from drivers import driver_environment
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 # The node of the standard set whose GPU probe fails on purpose (conftest.py).

@@ -18,8 +18,9 @@ from ray_megatron_env.frameworks.nemo_rl import READER, compose
 from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
 from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.runtime_env import build_runtime_env
+from paths import FIXTURES
 
-CONFIGS = Path(__file__).parent / "fixtures" / "nemo_rl" / "configs"
+CONFIGS = FIXTURES / "nemo_rl" / "configs"
 DTENSOR = CONFIGS / "grpo_math_1B.yaml"
 MEGATRON_TP2 = CONFIGS / "grpo_math_1B_megatron.yaml"
 RECIPE = CONFIGS / "recipes" / "llm" / "grpo-qwen3-30ba3b-1n8g-megatron-tp2cp2.yaml"
