@@ -1,14 +1,14 @@
 """Docs that are generated from code must match it; every link in them, and
 every page or anchor the code names, must resolve."""
 
-import importlib
+import importlib.util
 import re
 from pathlib import Path
 
 from ray_megatron_env.packs import markdown_packs
 from ray_megatron_env.packs.connections import markdown_tables
 from reliability_cases import FAULTS, render
-from paths import ROOT
+from paths import ROOT, TESTS
 
 DOCS = ROOT / "docs"
 
@@ -30,10 +30,17 @@ def test_reliability_page_shows_every_case_tried():
 
 
 def test_every_test_the_reliability_page_names_exists():
+    # Each names a module by its path under tests/, loaded from that file.
+    modules = {}
     for fault in FAULTS:
         for test in fault.tests:
-            module, _, function = test.partition("::")
-            assert hasattr(importlib.import_module(module.removesuffix(".py")), function), test
+            path, _, function = test.partition("::")
+            if path not in modules:
+                spec = importlib.util.spec_from_file_location(
+                    "named_" + path.removesuffix(".py").replace("/", "_"), TESTS / path)
+                modules[path] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(modules[path])
+            assert hasattr(modules[path], function), test
 
 
 # Relative links: every one in the pages and README.md, and every page and

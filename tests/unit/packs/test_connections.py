@@ -22,9 +22,9 @@ from ray_megatron_env.packs.connections import (
 from ray_megatron_env.spec import Engine, Spec
 
 from deciding import decided as decide
-from paths import GOLDEN, ROOT
+from paths import GOLDEN as GOLDEN_DIR, ROOT
 
-GOLDEN = yaml.safe_load((GOLDEN / "decisions.yaml").read_text())
+GOLDEN = yaml.safe_load((GOLDEN_DIR / "decisions.yaml").read_text())
 
 
 def node(gpus: str) -> NodeGpus:
@@ -138,7 +138,7 @@ def test_a_conflict_that_holds_on_every_gpu_class_is_found():
 
 # --- Megatron-Bridge's recipes as a peer table ------------------------------------
 
-BRIDGE = yaml.safe_load((GOLDEN / "bridge_recipes.yaml").read_text())
+BRIDGE = yaml.safe_load((GOLDEN_DIR / "bridge_recipes.yaml").read_text())
 BRIDGE_GPUS = {"h100": "9.0", "b200": "10.0", "gb200": "10.0"}
 
 

@@ -25,9 +25,9 @@ from ray_megatron_env.packs import PACK_NAMES, read_packs
 from ray_megatron_env.cache import ProbeCache
 
 MNNVL, NVLS, CUMEM = "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE"
-CLUSTER = "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01"
+CLUSTER_UUID = "3f4e0c1a-9b2d-4c1e-8f00-5a6b7c8d9e01"
 GB200 = {"gpus": "10.0,10.0,10.0,10.0",
-         "fabric": {"state": "completed", "status": "success", "cluster_uuid": CLUSTER,
+         "fabric": {"state": "completed", "status": "success", "cluster_uuid": CLUSTER_UUID,
                     "clique_id": 32766, "health": "ok"}}
 GB200_NO_IMEX = json.dumps({**GB200, "imex_channel": "absent"})
 GB200_LOCKED_IMEX = json.dumps({**GB200, "imex_channel": "unwritable"})

@@ -18,6 +18,7 @@ import pynvml
 import pytest
 
 from configs import MEGATRON_YAML
+from fake_nvml import FakeNvml
 from ray_megatron_env.check import NodeReport, _advice
 from ray_megatron_env.cli import OK, PROBLEM, format_check, main
 from ray_megatron_env.decision import Decision
@@ -325,64 +326,9 @@ def test_probe_reads_the_fake_node_and_the_fake_gpus():
 
 # --- node facts: NVML ------------------------------------------------------
 
-class FakeNvml:
-    """pynvml's calls the P2P probe makes, over ``count`` GPUs; ``without``
-    the ordered pairs whose P2P read status is not OK, ``without_write``
-    those whose write status is not OK; ``kernel`` what
-    nvmlSystemGetDriverVersion returns (None: the call is missing)."""
-
-    NVMLError = pynvml.NVMLError
-    NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
-
-    def __init__(self, count, without=(), driver=12080, fail=None, without_write=(),
-                 kernel=None):
-        self.count, self.without, self.driver = count, set(without), driver
-        self.without_write, self.kernel = set(without_write), kernel
-        self.fail = fail or {}
-        self.calls = []
-        self.shut = False
-
-    def _maybe_fail(self, name):
-        if name in self.fail:
-            raise self.fail[name]
-
-    def nvmlInit(self):
-        self._maybe_fail("nvmlInit")
-
-    def nvmlShutdown(self):
-        self.shut = True
-
-    def nvmlDeviceGetCount(self):
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return f"handle{i}"
-
-    def nvmlSystemGetCudaDriverVersion(self):
-        self._maybe_fail("nvmlSystemGetCudaDriverVersion")
-        return self.driver
-
-    def __getattr__(self, name):
-        if name == "nvmlSystemGetDriverVersion" and self.kernel is not None:
-            return lambda: self.kernel
-        raise AttributeError(name)
-
-    def nvmlDeviceGetP2PStatus(self, a, b, index):
-        self._maybe_fail("nvmlDeviceGetP2PStatus")
-        # an int, as ctypes can pass it (not pynvml's tuple constant); nvml.h:
-        # NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_WRITE = 1
-        assert type(index) is int and index in (0, 1)
-        pair = (int(a[-1]), int(b[-1]))
-        if index == 0:
-            self.calls.append((a, b))
-        failing = self.without if index == 0 else self.without_write
-        return pynvml.NVML_P2P_STATUS_NOT_SUPPORTED if pair in failing \
-            else pynvml.NVML_P2P_STATUS_OK
-
-
 def test_nvml_pairs_without_peer_access_across_two_roots():
     roots = {(i, j) for i in (0, 1) for j in (2, 3)} | {(j, i) for i in (0, 1) for j in (2, 3)}
-    nvml = FakeNvml(4, roots, driver=12080)
+    nvml = FakeNvml(4, without=roots, driver=12080)
     p2p = probe_p2p({}, nvml=nvml)
     assert (p2p.method, p2p.count, p2p.without, p2p.cuda_driver, p2p.error) == \
         ("nvml", 4, ((0, 2), (0, 3), (1, 2), (1, 3)), (12, 8), None)
@@ -392,7 +338,7 @@ def test_nvml_pairs_without_peer_access_across_two_roots():
 
 
 def test_nvml_a_pair_is_without_peer_access_if_either_direction_is():
-    p2p = probe_p2p({}, nvml=FakeNvml(2, {(1, 0)}, driver=13000))
+    p2p = probe_p2p({}, nvml=FakeNvml(2, without={(1, 0)}, driver=13000))
     assert (p2p.without, p2p.cuda_driver) == (((0, 1),), (13, 0))
 
 
@@ -400,9 +346,7 @@ def test_nvml_every_pair_with_peer_access_and_every_pair_asked():
     nvml = FakeNvml(3)
     p2p = probe_p2p({}, nvml=nvml)
     assert p2p.without == () and p2p.count == 3
-    assert sorted(nvml.calls) == sorted([("handle0", "handle1"), ("handle1", "handle0"),
-                                         ("handle0", "handle2"), ("handle2", "handle0"),
-                                         ("handle1", "handle2"), ("handle2", "handle1")])
+    assert sorted(nvml.p2p_asked) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
 
 
 def test_nvml_driver_not_reported_is_none_not_a_failure():

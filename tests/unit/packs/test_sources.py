@@ -29,7 +29,7 @@ from ray_megatron_env.packs import canonical
 from ray_megatron_env.probe import probe_p2p
 
 from configs import MEGATRON_YAML
-from test_host_mem_and_arch import FakeNvml
+from fake_nvml import FakeNvml
 
 ARCHS, HOST = "TORCH_CUDA_ARCH_LIST", "NCCL_CUMEM_HOST_ENABLE"
 MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}

@@ -18,7 +18,10 @@ from ray_megatron_env.node import (
     UNWRITABLE, WRITABLE, parse_fake_node,
 )
 from ray_megatron_env.probe import FAKE_VARIABLE, ROOT_VARIABLE, probe_gpus
+from fake_nvml import FakeNvml
 from paths import FIXTURES
+
+NO_LIBRARY = {"nvmlInit": pynvml.NVMLError_LibraryNotFound()}
 
 SMI = FIXTURES / "nvidia_smi"
 NO_SMI = ("/nonexistent/nvidia-smi",)
@@ -68,7 +71,7 @@ def _script(tmp_path, text, code=0):
 
 
 def test_nvidia_smi_is_the_fallback_when_nvml_is_absent(tmp_path):
-    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(),
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=FakeNvml(fail=NO_LIBRARY),
                           smi_command=_script(tmp_path, read("l40s_pcie.txt")))
     assert fabric.method == "nvidia-smi" and fabric.is_known and not fabric.switched
     assert "after nvml" in fabric.detail
@@ -76,7 +79,7 @@ def test_nvidia_smi_is_the_fallback_when_nvml_is_absent(tmp_path):
 
 
 def test_no_source_gives_unknown_and_never_raises(tmp_path):
-    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(), smi_command=NO_SMI)
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=FakeNvml(fail=NO_LIBRARY), smi_command=NO_SMI)
     assert not fabric.is_known and "nvidia-smi" in fabric.error
 
 
@@ -84,66 +87,16 @@ def test_a_hung_nvidia_smi_is_bounded(tmp_path):
     hang = tmp_path / "nvidia-smi"
     hang.write_text("#!/bin/sh\nsleep 30\n")
     hang.chmod(0o755)
-    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(),
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=FakeNvml(fail=NO_LIBRARY),
                           smi_command=(str(hang),), smi_timeout_s=0.5)
     assert not fabric.is_known and "did not answer within 0.5 s" in fabric.error
-
-
-class _NoNvml:
-    NVMLError = pynvml.NVMLError
-
-    def nvmlInit(self):
-        raise pynvml.NVMLError_LibraryNotFound()
-
-
-class _FabricNvml:
-    """pynvml with its real fabric structures and constants; each GPU's
-    record is filled as the driver would fill it."""
-
-    NVMLError = pynvml.NVMLError
-    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
-    NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound
-    c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
-    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
-    NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW = \
-        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
-    NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW = \
-        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW
-
-    def __init__(self, records, hang=None):
-        self.records = records  # per GPU: dict of fields, or an exception to raise
-        self.hang = hang
-
-    def nvmlInit(self):
-        if self.hang:
-            self.hang.wait()
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return len(self.records)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return index
-
-    def nvmlDeviceGetGpuFabricInfoV(self, handle, info):
-        record = self.records[handle]
-        if isinstance(record, Exception):
-            raise record
-        for name, value in record.items():
-            if name == "clusterUuid":
-                for i, byte in enumerate(value):
-                    info.clusterUuid[i] = byte
-            else:
-                setattr(info, name, value)
 
 
 def test_nvml_fabric_record_of_a_gb200_gpu():
     uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
     degraded = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE << \
         pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
-    nvml = _FabricNvml([
+    nvml = FakeNvml(fabric=[
         {"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, "status": pynvml.NVML_SUCCESS,
          "cliqueId": 32766, "clusterUuid": uuid,
          "healthMask": pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE},
@@ -163,7 +116,7 @@ def test_nvml_fabric_record_of_a_gb200_gpu():
 def test_a_hung_nvml_is_bounded_then_nvidia_smi_answers(tmp_path):
     release = threading.Event()
     try:
-        fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_FabricNvml([], release),
+        fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=FakeNvml(fabric=[], hang=release),
                               smi_command=_script(tmp_path, read("hgx_fabric_manager_grep.txt")),
                               nvml_timeout_s=0.3)
     finally:
@@ -227,7 +180,7 @@ def test_a_fabric_not_started_is_switched_but_not_ready():
 
 
 def test_fake_gpus_alone_are_a_node_without_fabric():
-    fabric = probe_fabric({FAKE_VARIABLE: "8.0,8.0"}, nvml=_NoNvml(), smi_command=NO_SMI)
+    fabric = probe_fabric({FAKE_VARIABLE: "8.0,8.0"}, nvml=FakeNvml(fail=NO_LIBRARY), smi_command=NO_SMI)
     assert fabric.method == "fake" and fabric.is_known
     assert [g.state for g in fabric.gpus] == [NOT_SUPPORTED, NOT_SUPPORTED]
     assert not probe_fabric({FAKE_VARIABLE: "9.x"}).is_known
@@ -277,7 +230,7 @@ def test_the_layout_is_nvmls_own():
 
 def test_nvml_record_keeps_the_whole_mask():
     uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
-    nvml = _FabricNvml([{"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+    nvml = FakeNvml(fabric=[{"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
                          "status": pynvml.NVML_SUCCESS, "cliqueId": 1, "clusterUuid": uuid,
                          "healthMask": 0xAA}])
     gpu, = probe_fabric({ROOT_VARIABLE: "/nonexistent"}, nvml=nvml,
@@ -306,7 +259,7 @@ def test_imex_domain_status_from_nvidia_imex_ctl(text, status):
 
 def _gb200_nvml():
     uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
-    return _FabricNvml([{"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+    return FakeNvml(fabric=[{"state": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
                          "status": pynvml.NVML_SUCCESS, "cliqueId": 1, "clusterUuid": uuid,
                          "healthMask": 0}])
 
@@ -332,7 +285,7 @@ def test_the_imex_tool_is_not_run_where_nccl_takes_no_mnnvl_path(tmp_path):
     tool = tmp_path / "imex"
     tool.write_text(f"#!/bin/sh\ntouch {marker}\necho '{UP}'\n")
     tool.chmod(0o755)
-    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=_NoNvml(),
+    fabric = probe_fabric({ROOT_VARIABLE: str(tmp_path)}, nvml=FakeNvml(fail=NO_LIBRARY),
                           smi_command=_script(tmp_path, read("hgx_h100_sxm_x8.txt")),
                           imex_command=(str(tool),))
     assert not fabric.attached and fabric.imex_status is None and not marker.exists()
@@ -367,7 +320,7 @@ def test_without_nvidia_ml_py_the_fabric_is_read_through_rays_bundled_binding(mo
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now fails
     uuid = bytes.fromhex("3f4e0c1a9b2d4c1e8f005a6b7c8d9e01")
-    driver = _FabricNvml([{"state": bundled.NVML_GPU_FABRIC_STATE_COMPLETED,
+    driver = FakeNvml(fabric=[{"state": bundled.NVML_GPU_FABRIC_STATE_COMPLETED,
                            "status": bundled.NVML_SUCCESS, "cliqueId": 1, "clusterUuid": uuid,
                            "healthMask": 0}] * 2)
     for call in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",

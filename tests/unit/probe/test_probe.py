@@ -25,6 +25,7 @@ import pytest
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.probe import FAKE_VARIABLE, METHOD_VARIABLE, ROOT_VARIABLE, probe_gpus
+from fake_nvml import FakeNvml, Gpu
 from paths import FAKES
 
 FAKE_SMI = [str(FAKES / "nvidia-smi")]
@@ -38,67 +39,7 @@ MIG_UUID = "MIG-cccc4444-0000-0000-0000-000000000003"
 
 # --- fakes -----------------------------------------------------------------
 
-@dataclasses.dataclass
-class Gpu:
-    uuid: str
-    capability: Tuple[int, int]
-    migs: Optional[List[Optional[str]]] = None  # None: MIG unsupported; None slot: empty
-
-
 GPUS = (Gpu(UUID0, (8, 0)), Gpu(UUID1, (9, 0), migs=[None, MIG_UUID]), Gpu(UUID2, (10, 0)))
-
-
-class FakeNvml:
-    """Just enough of pynvml, with its real exception classes."""
-
-    NVMLError = pynvml.NVMLError
-    NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
-
-    def __init__(self, gpus=GPUS, *, fail=None):
-        self.gpus = list(gpus)
-        self.fail = dict(fail or {})  # function name -> exception it raises
-        self.calls: List[str] = []
-
-    def _call(self, name):
-        self.calls.append(name)
-        if name in self.fail:
-            raise self.fail[name]
-
-    def nvmlInit(self):
-        self._call("nvmlInit")
-
-    def nvmlShutdown(self):
-        self._call("nvmlShutdown")
-
-    def nvmlDeviceGetCount(self):
-        self._call("nvmlDeviceGetCount")
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        self._call("nvmlDeviceGetHandleByIndex")
-        return ("gpu", index)
-
-    def nvmlDeviceGetUUID(self, handle):
-        self._call("nvmlDeviceGetUUID")
-        gpu = self.gpus[handle[1]]
-        return gpu.uuid if handle[0] == "gpu" else gpu.migs[handle[2]]
-
-    def nvmlDeviceGetCudaComputeCapability(self, handle):
-        self._call("nvmlDeviceGetCudaComputeCapability")
-        return self.gpus[handle[1]].capability
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
-        self._call("nvmlDeviceGetMaxMigDeviceCount")
-        migs = self.gpus[handle[1]].migs
-        if migs is None:
-            raise pynvml.NVMLError_NotSupported()
-        return len(migs)
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, slot):
-        self._call("nvmlDeviceGetMigDeviceHandleByIndex")
-        if self.gpus[handle[1]].migs[slot] is None:
-            raise pynvml.NVMLError_NotFound()
-        return ("mig", handle[1], slot)
 
 
 class Untouchable:
@@ -186,7 +127,7 @@ def test_malformed_fake_variable_is_an_error(value):
 
 @pytest.mark.parametrize("value", ["", "   "])
 def test_empty_fake_variable_falls_through_to_nvml(value):
-    result = probe(FakeNvml(), fake=value)
+    result = probe(FakeNvml(GPUS), fake=value)
     assert result.method == "nvml"
     assert result.capabilities == ((8, 0), (9, 0), (10, 0))
 
@@ -199,7 +140,7 @@ def test_fake_variable_wins_over_nvml_and_method():
 # --- NVML --------------------------------------------------------------------
 
 def test_nvml_all_devices():
-    nvml = FakeNvml()
+    nvml = FakeNvml(GPUS)
     result = probe(nvml)
     assert result.capabilities == ((8, 0), (9, 0), (10, 0))
     assert result.method == "nvml" and result.error is None
@@ -213,7 +154,7 @@ def test_nvml_uuid_as_bytes():
     class BytesNvml(FakeNvml):
         def nvmlDeviceGetUUID(self, handle):
             return super().nvmlDeviceGetUUID(handle).encode()
-    assert probe(BytesNvml(), visible=UUID1).capabilities == ((9, 0),)
+    assert probe(BytesNvml(GPUS), visible=UUID1).capabilities == ((9, 0),)
 
 
 @pytest.mark.parametrize("visible, expected", [
@@ -231,23 +172,23 @@ def test_nvml_uuid_as_bytes():
     ("MIG-cccc", ((9, 0),)),
 ])
 def test_nvml_cuda_visible_devices(visible, expected):
-    result = probe(FakeNvml(), method="nvml", visible=visible)
+    result = probe(FakeNvml(GPUS), method="nvml", visible=visible)
     assert result.capabilities == expected, result
     assert result.method == "nvml"
     assert f"CUDA_VISIBLE_DEVICES={visible} visible" in result.detail
 
 
 def test_mig_functions_are_queried_only_for_mig_names():
-    nvml = FakeNvml()
+    nvml = FakeNvml(GPUS)
     assert probe(nvml, visible=f"0,{MIG_UUID}").capabilities == ((8, 0), (9, 0))
     assert nvml.calls.count("nvmlDeviceGetMaxMigDeviceCount") == 3
-    nvml = FakeNvml()
+    nvml = FakeNvml(GPUS)
     probe(nvml, visible="GPU-aaaa")
     assert "nvmlDeviceGetMaxMigDeviceCount" not in nvml.calls
 
 
 def test_nvml_without_mig_functions_cannot_resolve_mig_names():
-    nvml = FakeNvml()
+    nvml = FakeNvml(GPUS)
     nvml.nvmlDeviceGetMaxMigDeviceCount = None  # as if the binding predated MIG
     assert_unknown(probe(nvml, method="nvml", visible=MIG_UUID),
                    "nvml", "matches no")
@@ -262,7 +203,7 @@ def test_nvml_without_mig_functions_cannot_resolve_mig_names():
     ("0,,1", ["empty entry"]),
 ])
 def test_nvml_cuda_visible_devices_errors(visible, fragments):
-    nvml = FakeNvml()
+    nvml = FakeNvml(GPUS)
     result = probe(nvml, method="nvml", visible=visible)
     assert_unknown(result, "nvml", *fragments)
     assert nvml.calls[-1] == "nvmlShutdown"
@@ -270,7 +211,7 @@ def test_nvml_cuda_visible_devices_errors(visible, fragments):
 
 def test_nvml_visible_devices_error_does_not_fall_back(smi):
     # nvidia-smi would read the same CUDA_VISIBLE_DEVICES: no point asking it.
-    result = probe(FakeNvml(), smi=NO_SMI, visible="3")
+    result = probe(FakeNvml(GPUS), smi=NO_SMI, visible="3")
     assert_unknown(result, "nvml", "device 3")
     assert "nvidia-smi" not in result.error
 
@@ -279,13 +220,13 @@ NO_LIBRARY = {"nvmlInit": pynvml.NVMLError_LibraryNotFound()}
 
 
 def test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked(smi):
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=smi("ok"))
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=smi("ok"))
     assert result.capabilities == ((8, 0), (9, 0))
     assert result.method == "nvidia-smi" and result.error is None
 
 
 def test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu():
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI)
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI)
     assert result.capabilities == () and result.vendor is None and result.is_known
     assert result.method == "listing"
     assert "libnvidia-ml" in result.detail and "not installed" in result.detail
@@ -293,13 +234,13 @@ def test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu():
 
 def test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free(tmp_path):
     root = device_root(tmp_path, nvidia=["0000:18:00.0", "0000:2a:00.0"])
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=root)
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI, root=root)
     assert_unknown(result, "listing", "2 NVIDIA device(s)", "0000:18:00.0",
                    "compute capability is unreadable", "libnvidia-ml")
 
 
 def test_an_amd_node_is_named_as_such(tmp_path):
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=device_root(tmp_path, amd=True))
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI, root=device_root(tmp_path, amd=True))
     assert result.vendor == "amd" and result.capabilities == () and result.is_known
     assert "dev/kfd" in result.detail
 
@@ -316,7 +257,7 @@ def test_ascend_and_moore_threads_nodes_are_named_never_no_gpu(tmp_path, nodes, 
     (tmp_path / "dev").mkdir()
     for name in nodes:
         (tmp_path / "dev" / name).write_text("")
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path)
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path)
     assert result.vendor == vendor and result.capabilities == () and result.is_known
     assert result.method == "listing" and words in result.detail
     assert result.labels() == [vendor]
@@ -326,7 +267,7 @@ def test_shared_ascend_nodes_alone_are_not_an_npu(tmp_path):
     # davinci_manager without any davinci<N>: no NPU is visible here.
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "davinci_manager").write_text("")
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path)
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path)
     assert result.vendor is None and result.capabilities == ()
 
 
@@ -334,7 +275,7 @@ def test_nvidia_devices_win_over_other_vendors_device_nodes(tmp_path):
     root = device_root(tmp_path, nvidia=["0000:18:00.0"])
     (root / "dev").mkdir()
     (root / "dev" / "davinci0").write_text("")
-    assert_unknown(probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=root), "listing",
+    assert_unknown(probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI, root=root), "listing",
                    "1 NVIDIA device(s)")
 
 
@@ -348,35 +289,25 @@ def test_fake_vendor_values(value, vendor):
 
 def test_a_failing_backend_with_no_listing_stays_unknown():
     # NVML loaded but failed: that is no evidence the node has no GPU.
-    nvml = FakeNvml(fail={"nvmlInit": pynvml.NVMLError_DriverNotLoaded()})
+    nvml = FakeNvml(GPUS, fail={"nvmlInit": pynvml.NVMLError_DriverNotLoaded()})
     assert_unknown(probe(nvml, smi=NO_SMI), "listing", "a probe failed", "nvmlInit failed")
 
 
 def test_a_device_root_that_is_not_a_folder_names_the_variable(tmp_path):
-    result = probe(FakeNvml(fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path / "nowhere")
+    result = probe(FakeNvml(GPUS, fail=NO_LIBRARY), smi=NO_SMI, root=tmp_path / "nowhere")
     assert_unknown(result, "listing", ROOT_VARIABLE, "is not a folder")
-
-
-class HangingNvml(FakeNvml):
-    def __init__(self, release: threading.Event):
-        super().__init__()
-        self.release = release
-
-    def nvmlInit(self):
-        self._call("nvmlInit")
-        self.release.wait(30)
 
 
 def test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice(smi):
     release = threading.Event()
     try:
         started = time.monotonic()
-        first = probe(HangingNvml(release), smi=NO_SMI, nvml_timeout=0.5)
+        first = probe(FakeNvml(GPUS, hang=release), smi=NO_SMI, nvml_timeout=0.5)
         assert time.monotonic() - started < 3
         assert_unknown(first, "listing", "NVML did not answer within 0.5 s")
         # The stuck call is not waited on again, and nvidia-smi still answers.
         started = time.monotonic()
-        second = probe(HangingNvml(release), smi=smi("ok"), nvml_timeout=5)
+        second = probe(FakeNvml(GPUS, hang=release), smi=smi("ok"), nvml_timeout=5)
         assert time.monotonic() - started < 3
         assert second.capabilities == ((8, 0), (9, 0))
     finally:
@@ -384,14 +315,14 @@ def test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice(s
 
 
 def test_nvml_init_error_falls_back_to_nvidia_smi(smi):
-    nvml = FakeNvml(fail={"nvmlInit": pynvml.NVMLError_DriverNotLoaded()})
+    nvml = FakeNvml(GPUS, fail={"nvmlInit": pynvml.NVMLError_DriverNotLoaded()})
     result = probe(nvml, smi=smi("ok"))
     assert result.capabilities == ((8, 0), (9, 0))
     assert result.method == "nvidia-smi" and result.error is None
 
 
 def test_nvml_device_error_falls_back_to_nvidia_smi(smi):
-    nvml = FakeNvml(fail={"nvmlDeviceGetCudaComputeCapability": pynvml.NVMLError_GpuIsLost()})
+    nvml = FakeNvml(GPUS, fail={"nvmlDeviceGetCudaComputeCapability": pynvml.NVMLError_GpuIsLost()})
     result = probe(nvml, smi=smi("ok"))
     assert result.capabilities == ((8, 0), (9, 0))
     assert result.method == "nvidia-smi"
@@ -399,7 +330,7 @@ def test_nvml_device_error_falls_back_to_nvidia_smi(smi):
 
 
 def test_both_backends_failing_reports_both_errors(smi):
-    nvml = FakeNvml(fail={"nvmlDeviceGetCudaComputeCapability": pynvml.NVMLError_GpuIsLost()})
+    nvml = FakeNvml(GPUS, fail={"nvmlDeviceGetCudaComputeCapability": pynvml.NVMLError_GpuIsLost()})
     result = probe(nvml, smi=smi("failed"))
     assert_unknown(result, "listing", "nvml: NVML device query failed: GPU is lost",
                    "nvidia-smi: ", "exited with 9")
@@ -412,7 +343,7 @@ def test_both_backends_failing_reports_both_errors(smi):
 ])
 def test_nvml_method_does_not_fall_back(smi, failure):
     # With fallback the working fake nvidia-smi would answer (8.0, 9.0).
-    result = probe(FakeNvml(fail=failure), smi=smi("ok"), method="nvml")
+    result = probe(FakeNvml(GPUS, fail=failure), smi=smi("ok"), method="nvml")
     assert_unknown(result, "nvml", str(next(iter(failure.values()))))
 
 
@@ -421,7 +352,7 @@ def test_nvml_method_does_not_fall_back(smi, failure):
     "nvmlDeviceGetCudaComputeCapability",
 ])
 def test_nvml_shutdown_after_a_failed_device_query(failing):
-    nvml = FakeNvml(fail={failing: pynvml.NVMLError_GpuIsLost()})
+    nvml = FakeNvml(GPUS, fail={failing: pynvml.NVMLError_GpuIsLost()})
     assert_unknown(probe(nvml, method="nvml"), "nvml", "GPU is lost")
     assert nvml.calls.count("nvmlInit") == 1
     assert nvml.calls[-1] == "nvmlShutdown"
@@ -429,7 +360,7 @@ def test_nvml_shutdown_after_a_failed_device_query(failing):
 
 
 def test_nvml_shutdown_error_does_not_spoil_the_result():
-    nvml = FakeNvml(fail={"nvmlShutdown": pynvml.NVMLError_Uninitialized()})
+    nvml = FakeNvml(GPUS, fail={"nvmlShutdown": pynvml.NVMLError_Uninitialized()})
     assert probe(nvml).capabilities == ((8, 0), (9, 0), (10, 0))
 
 
@@ -441,7 +372,7 @@ def test_unknown_method_is_an_error(method):
 
 @pytest.mark.parametrize("method", ["", "  ", "auto", " nvml "])
 def test_blank_or_padded_method_uses_nvml(method):
-    assert probe(FakeNvml(), method=method).method == "nvml"
+    assert probe(FakeNvml(GPUS), method=method).method == "nvml"
 
 
 # --- nvidia-smi --------------------------------------------------------------
@@ -537,20 +468,15 @@ def test_nvidia_smi_not_executable(tmp_path):
 
 # --- never raises --------------------------------------------------------------
 
-class InitRaisesRuntimeError(FakeNvml):
-    def nvmlInit(self):
-        raise RuntimeError("driver ate the GPU")
-
-
 class CountIsNotANumber(FakeNvml):
     def nvmlDeviceGetCount(self):
         return None
 
 
 @pytest.mark.parametrize("nvml, fragment", [
-    (InitRaisesRuntimeError(), "RuntimeError: driver ate the GPU"),
+    (FakeNvml(GPUS, fail={"nvmlInit": RuntimeError("driver ate the GPU")}), "RuntimeError: driver ate the GPU"),
     (Exploding(), "RuntimeError"),
-    (CountIsNotANumber(), "TypeError"),
+    (CountIsNotANumber(GPUS), "TypeError"),
 ])
 def test_probe_never_raises(nvml, fragment):
     result = probe(nvml, smi=NO_SMI)
@@ -562,7 +488,7 @@ def test_probe_never_raises_for_an_empty_smi_command():
 
 
 def test_shutdown_follows_an_unexpected_device_error():
-    nvml = CountIsNotANumber()
+    nvml = CountIsNotANumber(GPUS)
     probe(nvml)
     assert nvml.calls[-1] == "nvmlShutdown"
 
