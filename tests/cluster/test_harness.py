@@ -3,12 +3,8 @@
 
 import os
 import signal
-import subprocess
-import sys
-import time
 
 from processes import sleeper
-from conftest import SESSION_VARIABLE, our_ray_processes
 from ray_megatron_env.simulation import SimulatedCluster, SimulatedNode
 
 

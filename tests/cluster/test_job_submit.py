@@ -51,8 +51,6 @@ from ray_megatron_env.simulation import NODE_RAY_SETTINGS
 # Ray machinery that changes between versions: .ci/run runs this on 2.41 too.
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.ray_version_specific]
 
-ROOT = ROOT
-FAKES = FAKES
 BIN = Path(sys.executable).parent
 # name -> RAY_MEGATRON_ENV_FAKE_GPUS; the first is the head.
 NODES = {"head": "none", "h100": "9.0", "b200": "10.0"}
@@ -127,7 +125,6 @@ shutil.rmtree(here, ignore_errors=True)
 
 USER_HOOK = '''
 import os
-from paths import FAKES, ROOT
 
 
 def mark():

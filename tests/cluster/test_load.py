@@ -6,16 +6,11 @@ probe runs once per node per agent process, nothing deadlocks, and the
 agents' resident memory stays flat. 100 actors, 25 per agent: each worker
 start costs about 1.5 CPU-seconds here, and the agents' RSS can only show a
 retention of several hundred KiB per worker (its noise is MiBs).
-In process (not slow): the plugin's own ``create`` and ``modify_context``,
-hundreds of times, under tracemalloc: what one call leaves behind is seen
-to the byte, which no RSS reading of a live agent can.
+In process: tests/unit/test_plugin.py, the plugin's own calls under
+tracemalloc.
 """
 
-import asyncio
-import gc
-import logging
 import time
-import tracemalloc
 
 import pytest
 
@@ -95,55 +90,3 @@ def test_many_actors_at_once(cluster):
     assert max(growth.values()) < 16, growth  # no per-worker state
     print(f"{ACTORS} actors in {took:.1f} s; agent RSS growth (MiB): "
           f"{ {pid: round(g, 1) for pid, g in growth.items()} }")
-
-
-class _Formatting(logging.Handler):
-    """Formats every record, as the agent's file handler does, and keeps none."""
-
-    def emit(self, record):
-        self.format(record)
-
-
-def test_the_plugin_keeps_nothing_per_worker(monkeypatch):
-    from ray._private.runtime_env.context import RuntimeEnvContext
-    from ray.runtime_env import RuntimeEnv
-
-    from ray_megatron_env.plugin import MegatronEnvPlugin
-
-    monkeypatch.setenv("RAY_MEGATRON_ENV_FAKE_GPUS", "9.0,10.0")
-    logger = logging.getLogger("test_load.agent")
-    logger.addHandler(_Formatting())
-    logger.propagate = False
-    envs = [RuntimeEnv(**build_runtime_env(verl("critic.strategy=fsdp"), role=role))
-            for role in ROLES]
-    plugin = MegatronEnvPlugin()
-    loop = asyncio.new_event_loop()
-
-    def workers(count):
-        for i in range(count):
-            env, context = envs[i % len(envs)], RuntimeEnvContext()
-            # What Ray's create_for_plugin_if_needed does for a plugin without URIs.
-            plugin.validate(env)
-            loop.run_until_complete(plugin.create(None, env, context, logger))
-            plugin.modify_context([], env, context, logger)
-        return context
-
-    try:
-        last = workers(100)  # the probe, the caches, the imports: once
-        assert last.env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # None: H100+B200 -> 1
-        # Collected first: a decision's reference cycles wait for the
-        # collector, and are not kept.
-        gc.collect()
-        tracemalloc.start()
-        before = tracemalloc.take_snapshot()
-        workers(500)
-        gc.collect()
-        after = tracemalloc.take_snapshot()
-    finally:
-        tracemalloc.stop()
-        loop.close()
-    grown = after.compare_to(before, "lineno")
-    kept = sum(stat.size_diff for stat in grown)
-    # 500 worker starts: under 32 bytes each on average (a decision kept per
-    # worker is about 2.4 KiB: 1.2 MiB here).
-    assert kept < 16 * 1024, [str(stat) for stat in grown[:5]]

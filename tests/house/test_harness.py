@@ -2,14 +2,9 @@
 processes (a simulated cluster stopping what Ray left: tests/cluster/test_harness.py)."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 from processes import sleeper
 from conftest import SESSION_VARIABLE, our_ray_processes
-from ray_megatron_env.simulation import SimulatedCluster, SimulatedNode
 
 
 def test_the_leak_check_counts_our_processes_and_not_another_jobs():

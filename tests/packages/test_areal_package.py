@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from pathlib import Path
 
 import pytest
 

@@ -20,7 +20,6 @@ import shlex
 import sys
 import types
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 

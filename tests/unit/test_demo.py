@@ -2,8 +2,6 @@
 demo end to end is tests/cluster/test_demo.py."""
 
 import json
-import socket
-import subprocess
 import sys
 
 import pytest

@@ -9,7 +9,6 @@ in one job-level env the preferences that accept 1 win.
 """
 
 import logging
-from pathlib import Path
 
 import pytest
 

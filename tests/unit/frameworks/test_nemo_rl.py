@@ -6,7 +6,6 @@ Fixtures under tests/fixtures/nemo_rl/ mirror NeMo-RL's example configs
 rule table (docs/rules.md), not computed by the code under test.
 """
 
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf

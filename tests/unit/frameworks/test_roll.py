@@ -11,7 +11,6 @@ preferred; TP = CP = 1 asks nothing; vLLM, SGLang, HF and FSDP2 ask "not 1"
 GPU decides.
 """
 
-from pathlib import Path
 
 import pytest
 

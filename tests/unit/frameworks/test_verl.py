@@ -1,6 +1,5 @@
 """Reading verl's layout: which engines count, and the errors for bad ones."""
 
-from pathlib import Path
 
 import pytest
 

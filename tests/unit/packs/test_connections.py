@@ -6,7 +6,6 @@ the code under test. The structural tests below check the table itself.
 """
 
 import itertools
-from pathlib import Path
 
 import pytest
 import yaml

@@ -9,7 +9,6 @@ A2A overlap before Blackwell; Megatron-Core's parallel_state.py refuses a set
 """
 
 import json
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf

@@ -6,7 +6,6 @@ Fixtures: tests/fixtures/nvidia_smi/README.md says where each comes from.
 
 import stat
 import threading
-from pathlib import Path
 
 import pynvml
 import pytest

@@ -9,15 +9,13 @@ always an explicit dict, never os.environ.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List
 
 import pynvml
 import pytest
