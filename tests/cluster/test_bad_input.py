@@ -9,13 +9,9 @@ import ray
 from ray.exceptions import RuntimeEnvSetupError
 
 from reliability_cases import BAD_INPUTS
+from workers import start_on
 
 NODES = ("cpu_head", "a100", "b200", "h100_b200")  # every registered GPU class of the set
-
-
-@ray.remote(num_cpus=0)
-def started():
-    return True
 
 
 # Which inputs Ray itself refuses in the driver (TypeError) and which reach
@@ -26,12 +22,12 @@ def test_the_agent_refuses_every_bad_input_fast(cluster):
     # RuntimeEnvSetupError naming the problem, none may hang.
     submitted = {}
     for i, case in enumerate(BAD_INPUTS):
-        options = dict(runtime_env=case.runtime_env, **cluster.pin(NODES[i % len(NODES)]))
+        node = NODES[i % len(NODES)]
         if not case.reaches_agent:
             with pytest.raises(TypeError):  # Ray's own check, before anything is scheduled
-                started.options(**options).remote()
+                start_on(cluster, node, case.runtime_env)
             continue
-        submitted[started.options(**options).remote()] = (case, time.monotonic())
+        submitted[start_on(cluster, node, case.runtime_env)] = (case, time.monotonic())
     took = {}
     pending = list(submitted)
     deadline = time.monotonic() + 120

@@ -15,6 +15,7 @@ from configs import MEGATRON_TP2, verl
 from conftest import NODE_SETS
 from ray_megatron_env import check_cluster
 from ray_megatron_env.check import alive_nodes
+from workers import env_in_actors
 
 CLUSTER = "registered"
 pytestmark = pytest.mark.slow
@@ -51,31 +52,13 @@ GOLDEN_WITH_FABRIC = {
 
 
 def test_each_worker_gets_its_nodes_nccl_values_with_its_cuda_value(cluster):
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     from ray_megatron_env import build_runtime_env
 
     env = build_runtime_env({"engines": {"actor": {"strategy": "megatron",
                                                    "tensor_parallel": 2}}},
                             packs=["nccl-fabric"])
-    @ray.remote(num_cpus=0)
-    class Env:  # defined here so that Ray ships it by value
-        """What a worker was started with: the variables the packs decide."""
-
-        def env(self, names):
-            import os
-
-            return {name: os.environ.get(name) for name in names}
-
-    remote = Env
-    actors = {name: remote.options(runtime_env=env, scheduling_strategy=
-                                   NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-              for name, node_id in cluster.node_ids.items()}
-    seen = dict(zip(actors, ray.get([a.env.remote(WATCHED) for a in actors.values()], timeout=300)))
-    for actor in actors.values():
-        ray.kill(actor)
-    assert {name: tuple(values[v] for v in WATCHED) for name, values in seen.items()} == \
+    seen = env_in_actors(cluster, cluster.node_ids, env)
+    assert {name: tuple(values.get(v) for v in WATCHED) for name, values in seen.items()} == \
         GOLDEN_WITH_FABRIC
 
 

@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from configs import FSDP_YAML, MEGATRON_TP2, verl
-from drivers import run_job
+from drivers import brief, run_job
 from paths import TESTS
 
 HELPERS = TESTS / "helpers"
@@ -33,7 +33,7 @@ def megatron_job(cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("megatron_job")
     config = tmp / "config.yaml"
     OmegaConf.save(verl(*MEGATRON_TP2, "critic.strategy=fsdp"), config)
-    return run_job(cluster, tmp, f"""
+    return {part: brief(seen) for part, seen in run_job(cluster, tmp, f"""
         env = build_runtime_env({str(config)!r}, base={{
             "worker_process_setup_hook": "fallback_user_hook.mark",
             "env_vars": {{"PYTHONPATH": {str(HELPERS)!r}}}}})
@@ -49,7 +49,7 @@ def megatron_job(cluster, tmp_path_factory):
         out["explicit"] = on(["a100_inherit1_unplugged", "a100"],
                              runtime_env={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "4"}}}})
         print(json.dumps(out))
-    """)
+    """).items()}
 
 
 def test_every_node_has_a_runtime_env_agent_of_its_own(cluster):
@@ -117,14 +117,14 @@ def test_the_node_log_says_which_path_decided(cluster, megatron_job):
 
 
 def test_an_fsdp_job_replaces_a_nodes_inherited_1_with_a_callable_user_hook(cluster, tmp_path):
-    got = run_job(cluster, tmp_path, f"""
+    got = brief(run_job(cluster, tmp_path, f"""
         def mark():
             os.environ["USER_HOOK_RAN"] = "callable"
 
         env = build_runtime_env({str(FSDP_YAML)!r}, base={{"worker_process_setup_hook": mark}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
         print(json.dumps(on(["a100_inherit1_unplugged", "a100_inherit1", "unplugged"])))
-    """)
+    """))
     assert {n: (v, via, source, ran) for n, (v, via, source, ran, _) in got.items()} == {
         "a100_inherit1_unplugged": ("8", "setup-hook", "policy", "callable"),
         "a100_inherit1": ("8", "plugin", "policy", "callable"),
@@ -133,12 +133,12 @@ def test_an_fsdp_job_replaces_a_nodes_inherited_1_with_a_callable_user_hook(clus
 
 def test_a_job_env_vars_value_equal_to_the_nodes_own_is_kept_on_either_path(cluster, tmp_path):
     # FSDP would replace the node's inherited 1; the job's own env_vars set 1.
-    got = run_job(cluster, tmp_path, f"""
+    got = brief(run_job(cluster, tmp_path, f"""
         env = build_runtime_env({str(FSDP_YAML)!r},
                                 base={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
         print(json.dumps(on(["a100_inherit1_unplugged", "a100_inherit1"])))
-    """)
+    """))
     assert {n: (v, via, source) for n, (v, via, source, *_) in got.items()} == {
         "a100_inherit1_unplugged": ("1", "setup-hook", "explicit"),
         "a100_inherit1": ("1", "plugin", "explicit")}

@@ -4,7 +4,6 @@ and verl's driver paths (see conftest.py for the nodes)."""
 import json
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -19,7 +18,7 @@ from ray_megatron_env.hook import TAKE_OVER_VARIABLE
 from ray_megatron_env.runtime_env import HOOK_PATH
 
 from conftest import NODE_SETS, UNREGISTERED
-from drivers import driver_environment
+from drivers import run_driver, seen_in
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 # The node of the standard set whose GPU probe fails on purpose (conftest.py).
@@ -98,25 +97,6 @@ def test_check_flags_an_explicit_value_that_breaks_a_required_rule(cluster):
     assert report.ok and "breaks a preferred rule" in report.decision.warnings[0]
 
 
-def run_driver(cluster, tmp_path, *parts, env=None):
-    """Run a driver script against the cluster, as a user's trainer would."""
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import json, os, ray
-        ADDRESS = {cluster.address!r}
-
-        @ray.remote(num_cpus=0)
-        def seen():
-            return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), \\
-                json.loads(os.environ.get("RAY_MEGATRON_ENV_DECISION", "null"))
-
-        def on(*names):
-            return [ray.get(seen.options(resources={{"rme_" + n: 1}}).remote()) for n in names]
-    """) + "".join(textwrap.dedent(part) for part in parts))
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=180, env={**driver_environment(), **(env or {})})
-
-
 HOOK = {"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}
 
 
@@ -127,10 +107,11 @@ def test_ray_init_takes_a_dictconfig_through_the_hook(cluster, tmp_path):
         from omegaconf import OmegaConf
         cfg = OmegaConf.load({str(MEGATRON_YAML)!r})
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env={{"megatron_env": cfg}})
-        print(json.dumps(on("h100_b200", "b200")))
+        print(json.dumps(on(["h100_b200", "b200"])))
     """, env=HOOK)
     assert result.returncode == 0, result.stderr
-    (mixed, mixed_decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
+    got = seen_in(result)
+    (mixed, mixed_decision), (b200, _) = got["h100_b200"], got["b200"]
     assert (mixed, b200) == ("1", None) and mixed_decision["gpus"] == ["9.0", "10.0"]
 
 
@@ -167,11 +148,11 @@ def test_verl_main_ppo_few_line_change(cluster, tmp_path):
         runtime_env = get_ppo_ray_runtime_env()
         runtime_env = build_runtime_env(config, base=runtime_env, take_over=True)  # the change
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env=runtime_env)
-        print(json.dumps([value for value, _ in on("a100", "b200", "a100_inherit1")]))
+        print(json.dumps(on(["a100", "b200", "a100_inherit1"])))
     """)
     assert result.returncode == 0 and result.stdout, result.stderr
     # FSDP: the hard-coded 1 is gone; the node that exported 1 gets CUDA's default.
-    assert json.loads(result.stdout.splitlines()[-1]) == [None, None, "8"]
+    assert [value for value, _ in seen_in(result).values()] == [None, None, "8"]
 
 
 # ray job submit's RAY_JOB_CONFIG_JSON_ENV_VAR merged into ray.init's env,
@@ -190,11 +171,12 @@ def test_ray_job_submit_path_takes_over_verls_value_without_editing_verl(cluster
     job_env = json.loads(made.stdout)
     result = run_driver(cluster, tmp_path, VERL_DRIVER, """
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env=get_ppo_ray_runtime_env())
-        print(json.dumps(on("a100", "b200")))
+        print(json.dumps(on(["a100", "b200"])))
     """, env={**job_env["env_vars"],
               "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": job_env})})
     assert result.returncode == 0, result.stderr
-    (a100, decision), (b200, _) = json.loads(result.stdout.splitlines()[-1])
+    got = seen_in(result)
+    (a100, decision), (b200, _) = got["a100"], got["b200"]
     # The critic is Megatron TP=1: it needs nothing, so verl's "1" is gone.
     assert (a100, b200) == (None, None)
     assert decision["source"] == "none" and list(decision["engines"]) == ["critic"]
@@ -205,10 +187,10 @@ def test_ray_job_submit_path_takes_over_verls_value_without_editing_verl(cluster
 def test_legacy_call_without_a_config_keeps_verls_value(cluster, tmp_path):
     result = run_driver(cluster, tmp_path, VERL_DRIVER, """
         ray.init(address=ADDRESS, log_to_driver=False, runtime_env=get_ppo_ray_runtime_env())
-        print(json.dumps(on("b200")))
+        print(json.dumps(on(["b200"])))
     """, env={**HOOK, TAKE_OVER_VARIABLE: "1"})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == [["1", None]]
+    assert seen_in(result) == {"b200": ("1", None)}
     assert "no megatron_env field" in result.stderr
 
 

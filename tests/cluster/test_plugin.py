@@ -6,11 +6,7 @@ worker's environment) is Ray's real machinery.
 """
 
 import glob
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
@@ -18,32 +14,17 @@ import ray
 
 from configs import FSDP_YAML, MEGATRON_CP2, MEGATRON_TP2, verl
 from ray_megatron_env import build_runtime_env
+from drivers import run_job
+from workers import read, seen_on, start_on
 from agent_matrix import CASES, GPUS, PRECEDENCE, agrees_with_explain, expected
 from ray_megatron_env.check import observe_many
 from ray_megatron_env.probe import probe_gpus
-
-@ray.remote(num_cpus=0)
-def worker_env():
-    return (os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-            os.environ.get("RAY_MEGATRON_ENV_DECISION"))
-
 
 @ray.remote(num_cpus=0)
 class Trainer:
     def env(self):
         from ray_megatron_env import read_decision
         return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), read_decision()
-
-
-def on_nodes(cluster, runtime_env, nodes):
-    """{node: (value, decision dict or None)} from a task on each node."""
-    refs = [worker_env.options(runtime_env=runtime_env, **cluster.pin(n)).remote() for n in nodes]
-    results = ray.get(refs, timeout=180)
-    return {n: (v, json.loads(d) if d else None) for n, (v, d) in zip(nodes, results)}
-
-
-def values(results):
-    return {node: value for node, (value, _) in results.items()}
 
 
 # Live: the case of the issue on one node of every GPU class the cluster has
@@ -105,7 +86,7 @@ def test_per_role_envs_split_a_megatron_actor_from_an_fsdp_critic(cluster):
     assert got["actor"][0] == "1"
     assert got["critic"][0] is None and got["critic"][1].requirement == "not 1"
     # Together in one env they conflict: 1 wins, and the reason says so.
-    (value, decision), = on_nodes(cluster, build_runtime_env(config), ["a100"]).values()
+    value, decision = seen_on(cluster, "a100", build_runtime_env(config))
     assert value == "1" and decision["conflict"] and "conflict" in decision["reason"]
     for actor in actors.values():
         ray.kill(actor)
@@ -118,7 +99,7 @@ def test_per_role_envs_split_a_megatron_actor_from_an_fsdp_critic(cluster):
 def test_precedence_on_real_nodes(cluster, config, node, explicit, value, source, warned):
     base = {"env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": explicit}} if explicit else None
     env = build_runtime_env(verl(*config), base=base)
-    (got, decision), = on_nodes(cluster, env, [node]).values()
+    got, decision = seen_on(cluster, node, env)
     assert (got, decision["value"], decision["source"]) == (value, value, source)
     assert bool(decision["warnings"]) == warned
 
@@ -131,7 +112,7 @@ def test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin(cluster):
     # in the job's env (ray.init): the fallback needs the job env
     # (tests/cluster/test_fallback.py).
     env = build_runtime_env(verl(*MEGATRON_TP2))
-    assert on_nodes(cluster, env, ["unplugged"]) == {"unplugged": (None, None)}
+    assert seen_on(cluster, "unplugged", env) == (None, None)
 
 
 def test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node(cluster):
@@ -140,7 +121,7 @@ def test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node(cluster):
     # shows workers GPU-2222... (9.0) only.
     if probe_gpus({}).method == "nvml":
         pytest.skip("NVML loads on this machine, so the node would not fall back")
-    (value, decision), = on_nodes(cluster, build_runtime_env(verl()), ["smi"]).values()
+    value, decision = seen_on(cluster, "smi", build_runtime_env(verl()))
     assert decision["gpus"] == ["9.0"] and decision["probe"]["method"] == "nvidia-smi"
     assert "the NVML library (libnvidia-ml) cannot be loaded" in decision["probe"]["detail"]
     assert value == "1"
@@ -148,7 +129,7 @@ def test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node(cluster):
 
 def test_nvml_path_on_a_real_node_agrees_with_a_local_probe(cluster):
     local = probe_gpus({})  # same machine, same NVML, no fake
-    (_, decision), = on_nodes(cluster, build_runtime_env(verl()), ["real_nvml"]).values()
+    _, decision = seen_on(cluster, "real_nvml", build_runtime_env(verl()))
     # This machine has no NVML library and no nvidia-smi: both say so through
     # the listing step; a GPU machine answers through NVML.
     assert decision["probe"]["method"] == local.method in ("nvml", "nvidia-smi", "listing")
@@ -161,27 +142,24 @@ def test_a_hung_nvidia_smi_does_not_block_the_agent(cluster):
     # What a plain worker start costs on this node, now (a loaded machine
     # starts workers slower; the limit below follows it, and is 3 s idle).
     started = time.monotonic()
-    ray.get(worker_env.options(runtime_env={"env_vars": {"X": "0"}},
-                               **cluster.pin("smi_hang")).remote(), timeout=60)
+    ray.get(start_on(cluster, "smi_hang", {"env_vars": {"X": "0"}}), timeout=60)
     unhindered = time.monotonic() - started
-    megatron = worker_env.options(runtime_env=build_runtime_env(verl(*MEGATRON_TP2)),
-                                  **cluster.pin("smi_hang")).remote()
+    megatron = start_on(cluster, "smi_hang", build_runtime_env(verl(*MEGATRON_TP2)))
     time.sleep(0.5)  # the probe is now waiting on the hung nvidia-smi
     started = time.monotonic()
-    plain = worker_env.options(runtime_env={"env_vars": {"X": "1"}}, **cluster.pin("smi_hang"))
-    ray.get(plain.remote(), timeout=60)
+    ray.get(start_on(cluster, "smi_hang", {"env_vars": {"X": "1"}}), timeout=60)
     other_env_took = time.monotonic() - started
-    value, decision = ray.get(megatron, timeout=60)
+    value, decision = read(ray.get(megatron, timeout=60))
     # A blocked event loop would hold this start for the 2.5 s of the hang still to run.
     assert other_env_took < max(3.0, unhindered + 2.0), \
         f"the agent's event loop was blocked by the probe ({other_env_took:.1f} s)"
-    assert value == "1" and "did not answer within 3 s" in json.loads(decision)["probe"]["error"]
+    assert value == "1" and "did not answer within 3 s" in decision["probe"]["error"]
 
 
 # The logger Ray hands a plugin, and the file it writes to.
 @pytest.mark.ray_version_specific
 def test_the_decision_is_in_the_nodes_setup_log(cluster):
-    on_nodes(cluster, build_runtime_env(verl(*MEGATRON_CP2), role="actor"), ["a100"])
+    seen_on(cluster, "a100", build_runtime_env(verl(*MEGATRON_CP2), role="actor"))
     logs = glob.glob(os.path.join(cluster.logs_dir(), "runtime_env_setup-*.log"))
     lines = "".join(open(path, errors="replace").read() for path in logs).splitlines()
     # One line: the value, its source and path, the node's GPUs, and why.
@@ -194,21 +172,10 @@ def test_the_decision_is_in_the_nodes_setup_log(cluster):
 @pytest.mark.ray_version_specific
 def test_a_job_level_runtime_env_reaches_every_worker(cluster, tmp_path):
     # How verl uses it: ray.init(runtime_env=...) in the driver, workers anywhere.
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import json, os, ray
-        from ray_megatron_env import build_runtime_env
-        ray.init(address={cluster.address!r}, log_to_driver=False,
+    got = run_job(cluster, tmp_path, f"""
+        ray.init(address=ADDRESS, log_to_driver=False,
                  runtime_env=build_runtime_env({str(FSDP_YAML)!r}, base={{"env_vars": {{"A": "b"}}}}))
-
-        @ray.remote(num_cpus=0)
-        def env():
-            return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), os.environ.get("A"), \\
-                json.loads(os.environ["RAY_MEGATRON_ENV_DECISION"])["gpus"]
-
-        print(json.dumps([ray.get(env.options(resources={{"rme_" + n: 1}}).remote())
-                          for n in ("a100_inherit1", "b200")]))
-    """))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [["8", "b", ["8.0"]], [None, "b", ["10.0"]]]
+        print(json.dumps(on(["a100_inherit1", "b200"])))
+    """)
+    assert [[env.get("CUDA_DEVICE_MAX_CONNECTIONS"), env.get("A"), read(env)[1]["gpus"]]
+            for env in got.values()] == [["8", "b", ["8.0"]], [None, "b", ["10.0"]]]

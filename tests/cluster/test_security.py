@@ -1,24 +1,14 @@
 """Hostile metadata on a real node: the plugin writes two variables, runs
-nothing, opens no file, and resolves no interpolation in the agent."""
+nothing and opens no file in the agent (an interpolation left unresolved:
+the bad-input matrix, tests/cluster/test_bad_input.py, and tests/unit/test_plugin.py)."""
 
 import os
 import threading
 
 import pytest
-import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-VAR, DECISION = "CUDA_DEVICE_MAX_CONNECTIONS", "RAY_MEGATRON_ENV_DECISION"
-
-
-@ray.remote(num_cpus=0)
-def environment():
-    return dict(os.environ)
-
-
-def run(cluster, runtime_env, node="h100_b200"):
-    return ray.get(environment.options(runtime_env=runtime_env, **cluster.pin(node)).remote(),
-                   timeout=120)
+from workers import DECISION, VAR, env_on
 
 
 def hostile(marker):
@@ -41,21 +31,13 @@ def hostile(marker):
 @pytest.mark.ray_version_specific
 def test_only_its_two_variables_reach_the_worker(cluster, tmp_path):
     marker = tmp_path / "ran"
-    with_field = run(cluster, {"megatron_env": hostile(marker)})
-    control = run(cluster, {"env_vars": {"RME_CONTROL": "1"}})
+    with_field = env_on(cluster, "h100_b200", {"megatron_env": hostile(marker)})
+    control = env_on(cluster, "h100_b200", {"env_vars": {"RME_CONTROL": "1"}})
     differ = {k for k in set(with_field) | set(control) if with_field.get(k) != control.get(k)}
     assert differ == {VAR, DECISION, "RME_CONTROL"}
     assert with_field[VAR] == "1"  # the config's Megatron TP=2, not the "7" inside the field
     assert with_field.get("LD_PRELOAD") is None and with_field["PATH"] == control["PATH"]
     assert not marker.exists()
-
-
-def test_interpolations_are_never_resolved_in_the_agent(cluster):
-    field = {"actor_rollout_ref": {"actor": {"strategy": "${oc.env:HOME}"}}}
-    with pytest.raises(RuntimeEnvSetupError) as info:
-        run(cluster, {"megatron_env": field})
-    assert "unresolved interpolation '${oc.env:HOME}'" in str(info.value)
-    assert f"'{os.environ['HOME']}'" not in str(info.value)
 
 
 def test_a_path_in_the_field_is_never_opened_in_the_agent(cluster, tmp_path):
@@ -76,7 +58,7 @@ def test_a_path_in_the_field_is_never_opened_in_the_agent(cluster, tmp_path):
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     with pytest.raises(RuntimeEnvSetupError, match="the field must be a mapping"):
-        run(cluster, {"megatron_env": str(fifo)})
+        env_on(cluster, "h100_b200", {"megatron_env": str(fifo)})
     assert not opened.is_set()
     os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the writer
     thread.join(timeout=5)
