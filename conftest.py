@@ -97,12 +97,12 @@ HGX_FABRIC_NOT_READY = '{"fabric": {"state": "not_started"}}'
 NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
 
 NODE_SETS: Dict[str, NodeSet] = {
-    # One node of each kind the cluster tests need (tests/test_*_cluster.py
+    # One node of each kind the cluster tests need (tests/cluster/
     # name them), 12 in all: each simulated node costs start-up and idle CPU
-    # on a 2-core machine (docs/performance.md#6-the-test-suites-clusters).
+    # on a 2-core machine (docs/performance.md#6-test-and-ci-times).
     # The V100 and 2xH100 GPU classes, and the per-node value of every
     # config on every class, are the unit matrix in
-    # tests/cluster/test_plugin.py (the agent's own code) and the demo's run
+    # tests/unit/test_agent.py (the agent's own code) and the demo's run
     # (tests/cluster/test_demo.py); here each path and each claim is shown once on
     # a live worker.
     "standard": (
@@ -260,5 +260,6 @@ def pytest_collection_modifyitems(config, items):
 
     items.sort(key=lambda item: (group(item) != "", group(item)))
     for item in items:
-        if group(item):
+        # tests/cluster/ holds every module that starts Ray, fixture or not.
+        if group(item) or item.nodeid.startswith("tests/cluster/"):
             item.add_marker(pytest.mark.cluster)

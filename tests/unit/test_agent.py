@@ -17,7 +17,7 @@ from ray_megatron_env.probe import FAKE_VARIABLE, probe_gpus
 
 # Unit: every case on every GPU class and on both inheriting nodes, through
 # the agent's code without Ray (until 0.1.0 this matrix ran on live workers:
-# 38 worker starts). Live below: every case once on a real worker.
+# 38 worker starts). Live: every case once on a real worker, tests/cluster/test_plugin.py.
 @pytest.mark.parametrize("name", CASES)
 def test_each_config_gets_1_exactly_on_pre_blackwell_nodes(name):
     for node in MATRIX_NODES:
@@ -62,7 +62,7 @@ def test_a_malformed_fake_is_recorded_and_treated_conservatively():
     # Unit: the agent's code, its probe reading "9.x" (until 0.1.0 a node of
     # its own). A probe error recorded in a live worker's decision, with the
     # conservative value: test_a_hung_nvidia_smi_does_not_block_the_agent
-    # below, and cluster/test_faults.py's smi_missing and nvidia_listed nodes.
+    # in tests/cluster/test_plugin.py, and cluster/test_faults.py's smi_missing and nvidia_listed nodes.
     env = build_runtime_env(verl(*MEGATRON_TP2))
     env_vars = dict(env["env_vars"])
     agent = NodeAgent(ProbeCache(probe=lambda: probe_gpus({FAKE_VARIABLE: "9.x"})))
