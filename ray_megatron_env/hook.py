@@ -18,6 +18,11 @@ take Megatron's required 1 away.
 Another hook already in use goes in ``RAY_MEGATRON_ENV_NEXT_HOOK``; it runs
 after this one.
 
+A pack variable whose ``env_vars`` value is exactly this driver's own (a
+framework's copy of its environment: NeMo-RL's ``dict(os.environ)``) goes
+into the field's ``driver_env``, so each node decides it as inherited; a
+submitted env's own ``env_vars`` are the user's (``driver_environment``).
+
 In a job from ``ray job submit`` with an env that ``ray-megatron-env
 runtime-env`` wrote, the hook also completes the merge of the submitted env
 with the driver's own ``ray.init`` env (``complete_submitted_env``): the

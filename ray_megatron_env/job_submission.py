@@ -18,6 +18,9 @@ adds. What each framework's driver adds, read from its source:
   submitted env collides. Ray's ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1`` lets the
   driver's env win the merge instead, and loses nothing there: the driver's
   environment already holds every submitted variable.
+  The driver hook then lists the pack variables that copy carries (an
+  image's TORCH_CUDA_ARCH_LIST) in the field's ``driver_env``, so each node
+  decides them as inherited; this env lists none itself.
 * slime and AReaL: no runtime env in ``ray.init`` (AReaL
   ``areal/infra/launcher/ray.py``).
 
