@@ -62,7 +62,9 @@ class VariableDecision:
 
     def to_dict(self) -> Dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name != "detail" and (f.name != "driver_value" or self.driver_value is not None)}
+               if f.name not in ("detail", "driver_value")}
+        if self.driver_value is not None:
+            out["driver_value"] = self.driver_value
         return {**out, **self.detail}
 
     @classmethod

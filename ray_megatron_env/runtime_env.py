@@ -72,7 +72,9 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     spec = dataclasses.replace(spec, driver_env=driver_copies(
         spec, env.get("env_vars"), os.environ if driver_environ is None else driver_environ,
         keep=deliberate))
-    explicit_value(split_driver_env(spec, env.get("env_vars") or {})[0])
+    env_vars = env.get("env_vars")
+    explicit_value(split_driver_env(spec, env_vars)[0] if isinstance(env_vars, Mapping)
+                   else env_vars)
     _refuse_a_conflict_on_every_gpu(spec)
     env[FIELD] = spec.to_field()
     add_setup_hook(env)
