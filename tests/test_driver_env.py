@@ -287,3 +287,16 @@ def test_the_plugin_and_the_setup_hook_agree_on_an_a100_and_an_h100():
                                   job_env_vars=env["env_vars"])
         assert (environ[ARCHS], hooked.variables[ARCHS].source) == (archs, source)
         assert hooked.variables[ARCHS].driver_value == IMAGE_ARCHS
+
+
+def test_the_env_for_ray_job_submit_lists_no_copy_of_this_shell(capsys, tmp_path, monkeypatch):
+    # Its env_vars are the user's; the driver hook looks in the job's driver.
+    from ray_megatron_env.cli import main
+
+    monkeypatch.setenv(ARCHS, IMAGE_ARCHS)
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"env_vars": {ARCHS: IMAGE_ARCHS}}))
+    assert main(["runtime-env", str(NEMO_RL_MEGATRON), "--base", str(base), "--json",
+                 "--packs", "torch-arch"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["env_vars"][ARCHS] == IMAGE_ARCHS and "driver_env" not in env["megatron_env"]
