@@ -13,7 +13,7 @@ import logging
 from typing import Any, List, Mapping, MutableMapping, Optional
 
 from .cache import ProbeCache
-from .decision import VIA_PLUGIN, Decision, decide_node
+from .decision import VIA_PLUGIN, Decision, decide_node, split_driver_env
 from .field import parse_field
 from .node import FABRIC, P2P, NodeFacts, NodeGpus
 from .packs import fact_kinds
@@ -25,8 +25,10 @@ from .values import FIELD
 
 def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
     """Raise the user-facing error for a bad field or explicit value."""
-    parse_field(runtime_env.get(FIELD))
-    explicit_value(runtime_env.get("env_vars"))
+    spec = parse_field(runtime_env.get(FIELD))
+    # A value the driver copied (the field's driver_env) is inherited: the
+    # decision warns about a bad one, as about a node's.
+    explicit_value(split_driver_env(spec, runtime_env.get("env_vars") or {})[0])
 
 
 class NodeAgent:

@@ -281,8 +281,10 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
         base = _shipped_package(base)  # any other base: build_runtime_env says what is wrong
     # read once, for both uses below
     config = to_plain(args.config if args.config is not None else args.command)
+    # The env is the submitted one, not a copy of this shell's environment: the
+    # driver hook looks for the driver's copied values in the job's driver.
     env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over,
-                            packs=_packs(args.packs))
+                            packs=_packs(args.packs), driver_environ={})
     deliberate = configured_value(config) if args.take_over else None
     framework = env["megatron_env"].get("framework")
     if deliberate is not None:

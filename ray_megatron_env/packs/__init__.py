@@ -21,9 +21,10 @@ A pack is data plus one small function:
 
 ``decision.decide_node`` composes the packs a job asked for (always
 ``cuda-connections`` first) over one node's facts, applies the one
-precedence (explicit ``env_vars`` value, value inherited from the node,
-unset) to every outcome, and writes one record entry per variable. No pack
-knows the precedence; the precedence knows no rule.
+precedence (explicit ``env_vars`` value, value inherited from the node or
+copied from the driver's environment (``Spec.driver_env``), unset) to every
+outcome, and writes one record entry per variable. No pack knows the
+precedence; the precedence knows no rule.
 """
 
 from __future__ import annotations
