@@ -15,6 +15,7 @@ import sys
 import textwrap
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ._version import __version__
 from .errors import MegatronEnvError
 
 OK, PROBLEM, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
@@ -165,10 +166,8 @@ def _shipped_package(base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``base`` (a runtime env) with this package's folder added to its
     ``py_modules``: Ray uploads it with the job (from ray.init, or from
     ray job submit), for the driver and the workers on nodes without it."""
-    import ray_megatron_env
-
     env = dict(base or {})
-    folder = os.path.dirname(os.path.abspath(ray_megatron_env.__file__))
+    folder = os.path.dirname(os.path.abspath(__file__))  # the package's folder
     modules = list(env.get("py_modules") or [])
     env["py_modules"] = modules if folder in modules else [*modules, folder]
     return env
@@ -345,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok; 1 check --strict found a problem, or explain's value breaks "
                "a required rule; 2 bad usage or config; 3 cluster unreachable.")
     parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {__import__('ray_megatron_env').__version__}")
+                        version=f"%(prog)s {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def role_option(p: argparse.ArgumentParser) -> None:

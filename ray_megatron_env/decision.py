@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
-from . import __version__
+from ._version import __version__
 from .engines import VARIABLE
 from .node import NodeFacts
 from .packs import (
