@@ -1,50 +1,26 @@
-"""Framework readers, and the registry that says which one a config is for.
+"""The registry of framework readers: which one a config is for.
 
 Each reader turns one framework's own config layout into a ``Spec``. A
 config is read by the compact form when it has ``engines`` or ``version``;
 otherwise by the one reader whose marker keys it has. None, or more than
 one, is an error that names each reader's markers and the keys that
 decided, so a misspelt key is pointed out rather than guessed around.
+
+A reader module (``verl``, ``nemo_rl``, ...) takes ``Reader`` from
+``.reader``, below it, never from here: this registry imports the readers.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Mapping, Tuple
 
 from ..errors import FieldValueError
 from ..spec import Spec
-from ..values import FIELD, fail_type, lookup
+from ..values import FIELD, fail_type
 from .compact import is_compact, read_compact
-
-
-@dataclass(frozen=True)
-class Reader:
-    """One framework's layout: how to recognise it and how to read it."""
-
-    name: str
-    markers: Tuple[str, ...]  # dotted paths; any one present says "this layout"
-    read: Callable[[Mapping[str, Any]], Spec]
-    roles: Tuple[str, ...]  # every role name the layout can have
-    paths: Tuple[str, ...]  # every dotted path it reads (what a DictConfig must resolve)
-    # A config given as something other than a mapping (slime's argument
-    # list) -> a mapping, or None when it is not this framework's.
-    convert: Optional[Callable[[Any], Optional[Mapping[str, Any]]]] = None
-    # A YAML file whose layout composes several files (NeMo-RL's defaults:
-    # chain): (path, the file as loaded) -> the composed config, or None.
-    compose: Optional[Callable[[str, Any], Optional[Any]]] = None
-    # Layouts of this framework that no reader reads: (top-level keys that
-    # all say "this layout", what to do instead), for the unknown-layout error.
-    unsupported: Tuple[Tuple[Tuple[str, ...], str], ...] = ()
-
-    def evidence(self, config: Mapping[str, Any]) -> Tuple[str, ...]:
-        return tuple(marker for marker in self.markers if has_path(config, marker))
-
-
-def has_path(config: Mapping[str, Any], path: str) -> bool:
-    return lookup(config, path, strict=False)[0]
+from .reader import Reader
 
 
 def readers() -> Tuple[Reader, ...]:

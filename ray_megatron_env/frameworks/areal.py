@@ -29,7 +29,7 @@ from ..engines import FSDP, INFERENCE, MEGATRON, VARIABLE
 from ..spec import Engine, ProcessRule, Spec
 from ..values import (FIELD, MAX_PARALLEL_SIZE, fail_type, lookup, parse_connections, read_flag,
                       read_name, show)
-from . import Reader
+from .reader import Reader
 
 FRAMEWORK = "areal"
 TRAIN_ROLES = ("actor", "critic", "ref", "teacher")

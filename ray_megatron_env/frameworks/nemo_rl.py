@@ -22,7 +22,7 @@ from ..errors import FieldValueError
 from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, read_flag, read_name, read_size, show
-from . import Reader
+from .reader import Reader
 
 FRAMEWORK = "nemo-rl"
 

@@ -38,7 +38,7 @@ from ..errors import FieldValueError
 from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, read_flag, read_name, read_size
-from . import Reader
+from .reader import Reader
 
 NAME = "slime"
 ROLES = ("actor", "critic", "rollout")

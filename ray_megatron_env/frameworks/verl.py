@@ -29,7 +29,7 @@ from ..errors import FieldValueError
 from ..engines import ENGINE_KINDS, INFERENCE, MEGATRON
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
 from ..values import FIELD, fail_type, lookup, not_a_mapping, read_flag, read_name, read_size
-from . import Reader
+from .reader import Reader
 
 VERSIONS = "verl 0.9.1 (and verl-project/verl 1dda039b)"
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model", "teacher")
