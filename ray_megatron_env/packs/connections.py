@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..engines import (
-    ALWAYS_RUN, ASSERTS, CHECKS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, VARIABLE,
+    ALWAYS_RUN, ASSERTS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, MEGATRON,
+    MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, VARIABLE,
 )
 from ..errors import FieldValueError
 from ..node import NodeFacts, NodeGpus
 from ..spec import Engine, Spec
 from ..values import parse_connections
-from . import (
+from .pack import (
     CUDA_CONNECTIONS, LEAVE, NONE, PREFERRED, REQUIRED, SET, Demand, Outcome, Pack, PackRow,
     PackVerdict,
 )
@@ -587,49 +587,6 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                                    "strength": roles[f.role][1], "because": roles[f.role][2]}
                           for f in verdict.findings}})
     return PackVerdict((outcome,), tuple(warnings))
-
-
-def _either(value: Optional[bool], yes: str, no: str) -> str:
-    return "any" if value is None else (yes if value else no)
-
-
-def _strength_words(rule: Rule) -> str:
-    if not rule.requirement.is_constraint:
-        return "-"
-    if set(rule.required_by) & set(ALWAYS_RUN):
-        return "required (" + " and ".join(f"`{c}`" for c in rule.required_by) + ": always runs)"
-    if rule.required_by:
-        return ("required where " + " or ".join(f"`{c}`" for c in rule.required_by) +
-                " checks run; else preferred")
-    return "preferred"
-
-
-def markdown_tables() -> str:
-    """The rule and engine tables as ``docs/rules.md`` shows them; a test
-    keeps the page in step with this module."""
-    lines = [
-        "| # | rule | applies | engine | GPUs (oldest on the node) | TP or CP > 1 | "
-        "Megatron-FSDP | torch FSDP2 | MoE A2A overlap | DeepEP/HybridEP dispatcher | "
-        "UCC pipeline | asks | strength | why | source |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for number, rule in enumerate(RULES, 1):
-        lines.append(
-            f"| {number} | `{rule.id}` | {'beside' if rule.beside else 'first match'} | "
-            f"{rule.engine} | {rule.gpus} | "
-            f"{_either(rule.model_parallel, 'yes', 'no')} | "
-            f"{_either(rule.megatron_fsdp, 'yes', 'no')} | "
-            f"{_either(rule.torch_fsdp2, 'yes', 'no')} | "
-            f"{_either(rule.moe_overlap, 'yes', 'no')} | {_either(rule.dispatcher, 'yes', 'no')} | "
-            f"{_either(rule.ucc_pipeline, 'yes', 'no')} | {rule.requirement.label} | "
-            f"{_strength_words(rule)} | {rule.why} | {rule.source} |")
-    lines += ["", "| strategy / engine name | kind |", "|---|---|"]
-    lines += [f"| `{name}` | {kind} |" for name, kind in sorted(KNOWN_STRATEGIES.items())]
-    lines += ["", "| check (`checks` in the compact form) | what it is |", "|---|---|"]
-    lines += [f"| `{name}` | {words} |" for name, words in CHECKS.items()]
-    lines += [f"| `{name}` (never listed: always runs) | {words} |"
-              for name, words in ALWAYS_RUN.items()]
-    return "\n".join(lines)
 
 
 def _row(rule: Rule) -> PackRow:

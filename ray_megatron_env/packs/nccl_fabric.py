@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional, Tuple
 from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from ..spec import Spec
 from .nccl_params import cumem_off, worker_value
-from . import (
+from .pack import (
     KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional
 from ..node import P2P, NodeFacts, NodeP2P, format_driver
 from ..spec import Spec
 from .nccl_params import cumem_off, nccl_param, worker_value
-from . import (
+from .pack import (
     KEEP, LEAVE, NCCL_HOST_MEM, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
 

@@ -24,7 +24,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from ..node import Capability, NodeFacts, format_capability
 from ..spec import Spec
-from . import (
+from .pack import (
     KEEP, LEAVE, NONE, PREFERRED, REQUIRED, SET, TORCH_ARCH, Outcome, Pack, PackRow, PackVerdict,
 )
 

@@ -1,0 +1,134 @@
+"""What a pack is: its name, rows and outcomes; the names of all packs, and
+a job's pack list read and checked.
+
+Every pack module (``connections``, ``nccl_fabric``, ...) imports its shape
+from here; the registry (``packs/__init__``), which loads the pack modules,
+sits above them. A pack module never imports the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+
+from ..values import read_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..node import NodeFacts
+    from ..spec import Spec
+
+SET, REMOVE, KEEP, LEAVE = "set", "remove", "keep", "leave"
+ACTIONS = (SET, REMOVE, KEEP, LEAVE)
+REQUIRED, PREFERRED, NONE = "required", "preferred", "none"
+
+CUDA_CONNECTIONS = "cuda-connections"
+NCCL_FABRIC = "nccl-fabric"
+NCCL_HOST_MEM = "nccl-host-mem"
+TORCH_ARCH = "torch-arch"
+# Every pack, by name; the first is always on.
+PACK_NAMES = (CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, TORCH_ARCH)
+ALWAYS_ON = (CUDA_CONNECTIONS,)
+OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)
+
+
+@dataclass(frozen=True)
+class PackRow:
+    """One row of a pack's table."""
+
+    id: str
+    when: str  # the condition, in words
+    action: str  # set | remove | keep | leave
+    values: Tuple[Tuple[str, str], ...]  # (variable, value) the action is about
+    strength: str  # required | preferred | none
+    why: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One row's demand on one variable's final value, whatever the
+    precedence chose: what meets it, and who asks, in words for a warning."""
+
+    rule: str
+    strength: str  # required | preferred
+    accepts: FrozenSet[str]  # values that meet it (as ``canonical`` writes them)
+    unset_ok: bool
+    who: str  # "actor (asks not 1) [megatron-fsdp; required: ...]"
+
+    def allows(self, value: Optional[str]) -> bool:
+        return self.unset_ok if value is None else canonical(value) in self.accepts
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a pack says about one variable on one node.
+
+    ``set``: ``value`` is written unless the job's own value is there (kept;
+    a warning where a demand breaks) or the node's value is in ``accepts``
+    (kept). ``fill=False`` leaves an unset variable unset (the value is only
+    written over an inherited one outside ``accepts``). ``remove``: a job's
+    value is deleted. ``keep`` and ``leave`` write nothing. ``demands``
+    check the final value (``satisfied``, warnings); a ``set`` or
+    ``remove`` without them demands its own value, or no value, of itself.
+    ``replaces`` is a framework's own blanket value found in ``env_vars``:
+    not the user's intent, so decided anew instead of kept. ``detail`` is
+    added to the variable's record entry as it is (plain JSON values).
+    """
+
+    variable: str
+    action: str
+    value: Optional[str]  # set: the value to write; otherwise the value the row is about
+    strength: str
+    rule: str
+    reason: str
+    accepts: Optional[FrozenSet[str]] = None  # set: None means only ``value``
+    fill: bool = True
+    demands: Optional[Tuple[Demand, ...]] = None
+    replaces: Optional[str] = None
+    detail: Dict[str, Any] = field(default_factory=dict)
+
+
+def canonical(value: str) -> str:
+    """A variable's value as the libraries read it: CUDA and NCCL parse
+    integers (``"01"`` is 1, ``" 0"`` is 0); anything else as written."""
+    text = value.strip()
+    try:
+        return str(int(text))
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
+class PackVerdict:
+    outcomes: Tuple[Outcome, ...]
+    warnings: Tuple[str, ...] = ()
+
+
+Evaluate = Callable[["Spec", "NodeFacts", Mapping[str, Any], Mapping[str, str]], PackVerdict]
+
+
+@dataclass(frozen=True)
+class Pack:
+    name: str
+    summary: str
+    variables: Tuple[str, ...]
+    node_facts: Tuple[str, ...]
+    config_facts: Tuple[str, ...]
+    rows: Tuple[PackRow, ...]
+    evaluate: Evaluate
+    # Kinds of node facts besides the GPUs it reads (FACT_KINDS), probed
+    # only for jobs that ask for the pack.
+    fact_kinds: Tuple[str, ...] = ()
+    defaults: Tuple[Tuple[str, str], ...] = field(default=())  # variable -> the library's default
+
+    def row(self, rule_id: str) -> PackRow:
+        return next(r for r in self.rows if r.id == rule_id)
+
+
+def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
+    """A job's pack list, checked: names of optional packs, sorted, once each.
+    ``cuda-connections`` is always on and may be named."""
+    if isinstance(value, str):
+        value = [value]
+    names = read_names(value, key, PACK_NAMES, "pack", "known packs")
+    return tuple(sorted({v for v in names if v not in ALWAYS_ON}))
