@@ -5,8 +5,7 @@ import importlib
 import re
 from pathlib import Path
 
-from ray_megatron_env.packs import markdown_packs
-from ray_megatron_env.packs.connections import markdown_tables
+from ray_megatron_env.doc_tables import markdown_packs, markdown_rules
 from reliability_cases import FAULTS, render
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -17,7 +16,7 @@ def between(text: str, name: str) -> str:
 
 
 def test_rules_page_shows_the_rule_table_in_code():
-    assert between((DOCS / "rules.md").read_text(), "rules") == markdown_tables()
+    assert between((DOCS / "rules.md").read_text(), "rules") == markdown_rules()
 
 
 def test_packs_page_shows_every_pack_table_in_code():
