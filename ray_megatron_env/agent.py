@@ -14,7 +14,7 @@ from typing import Any, List, Mapping, MutableMapping, Optional
 
 from .cache import ProbeCache
 from .decision import VIA_PLUGIN, Decision, decide_node
-from .field import parse_field
+from .frameworks import parse_field
 from .node import FABRIC, P2P, NodeFacts, NodeGpus
 from .packs import fact_kinds
 from .packs.connections import explicit_value

@@ -16,9 +16,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 from .engines import VARIABLE
 from .errors import FieldValueError
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
-from .packs import read_packs
 from .packs.connections import explicit_value, hard_conflict_everywhere
-from .spec import Roles, Spec
+from .spec import Roles, Spec, read_packs
 from .values import FIELD, fail_type, lookup
 from .worker import add_setup_hook
 

@@ -17,6 +17,7 @@ from .engines import (
     CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
     MEGATRON, MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
 )
+from .packs.pack import ALWAYS_ON, PACK_NAMES
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
 FORMAT_VERSION = 2
@@ -350,3 +351,12 @@ class Spec:
             return (self,)
         kinds = [self.for_process({rule.variable: rule.prefix})[0] for rule in self.processes]
         return tuple(kinds) + (self.for_process({})[0],)
+
+
+def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
+    """A job's pack list, checked: names of optional packs, sorted, once each.
+    ``cuda-connections`` is always on and may be named."""
+    if isinstance(value, str):
+        value = [value]
+    names = read_names(value, key, PACK_NAMES, "pack", "known packs")
+    return tuple(sorted({v for v in names if v not in ALWAYS_ON}))

@@ -267,7 +267,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
         return None
     from .decision import VIA_SETUP_HOOK, decide_node
     from .errors import FieldValueError
-    from .field import parse_field
+    from .frameworks import parse_field
     from .node import FABRIC, P2P, NodeFacts
     from .packs import fact_kinds
     from .probe import probe_fabric, probe_gpus, probe_p2p

@@ -16,7 +16,7 @@ import pytest
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks.areal import parse_allocation_mode, parse_backend
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache

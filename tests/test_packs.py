@@ -18,10 +18,11 @@ from ray_megatron_env.decision import DECISION_VARIABLE, decide_node
 from ray_megatron_env.engines import VARIABLE
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.node import NodeFacts, parse_fake_node
-from ray_megatron_env.packs import PACK_NAMES, read_packs
+from ray_megatron_env.packs import PACK_NAMES
+from ray_megatron_env.spec import read_packs
 from ray_megatron_env.cache import ProbeCache
 
 MNNVL, NVLS, CUMEM = "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE"

@@ -14,7 +14,7 @@ from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.decision import DECISION_VARIABLE
 from ray_megatron_env.errors import MegatronEnvError
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.engines import CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES, VARIABLE

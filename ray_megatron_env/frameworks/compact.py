@@ -9,11 +9,9 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..packs import read_packs
 from ..spec import (
     CHOICES, FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec,
-    read_checks, read_note,
-    resolve_kind,
+    read_checks, read_note, read_packs, resolve_kind,
 )
 from ..values import (
     FIELD, fail_type, parse_connections, read_flag, read_name, read_size, read_token,

@@ -19,10 +19,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from ..engines import VARIABLE
 from ..errors import FieldValueError
-from ..field import read_field
 from ..spec import Spec
 from ..values import FIELD, fail_type
-from . import all_paths, compose_yaml, read_config, to_mapping
+from . import all_paths, compose_yaml, read_config, read_field, to_mapping
 
 # Where a verl user sets their own worker env vars (merged by verl's driver
 # over its defaults): a value for the variable there is deliberate.

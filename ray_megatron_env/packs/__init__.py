@@ -39,7 +39,7 @@ from ..values import FIELD, show
 from .pack import (  # noqa: F401
     ACTIONS, ALWAYS_ON, CUDA_CONNECTIONS, KEEP, LEAVE, NCCL_FABRIC, NCCL_HOST_MEM, NONE,
     OPTIONAL_PACKS, PACK_NAMES, PREFERRED, REMOVE, REQUIRED, SET, TORCH_ARCH, Demand, Evaluate,
-    Outcome, Pack, PackRow, PackVerdict, canonical, read_packs,
+    Outcome, Pack, PackRow, PackVerdict, canonical,
 )
 
 # name -> module under packs/, loaded on first use.

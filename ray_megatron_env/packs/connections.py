@@ -27,7 +27,7 @@ over another engine's overlap), and each preference left unmet is named.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..engines import (
     ALWAYS_RUN, ASSERTS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, MEGATRON,
@@ -35,12 +35,14 @@ from ..engines import (
 )
 from ..errors import FieldValueError
 from ..node import NodeFacts, NodeGpus
-from ..spec import Engine, Spec
 from ..values import parse_connections
 from .pack import (
     CUDA_CONNECTIONS, LEAVE, NONE, PREFERRED, REQUIRED, SET, Demand, Outcome, Pack, PackRow,
     PackVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Engine, Spec
 
 # GPU classes of a node, by its oldest GPU. A node with NVIDIA devices whose
 # capability could not be read is classed PRE_BLACKWELL: setting 1 where

@@ -18,14 +18,16 @@ parallel size, and ``Spec.tp_spans_nodes`` (an override).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
 from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
-from ..spec import Spec
 from .nccl_params import cumem_off, worker_value
 from .pack import (
     KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Spec
 
 MNNVL = "NCCL_MNNVL_ENABLE"
 NVLS = "NCCL_NVLS_ENABLE"

@@ -1,5 +1,4 @@
-"""What a pack is: its name, rows and outcomes; the names of all packs, and
-a job's pack list read and checked.
+"""What a pack is: its name, rows and outcomes; the names of all packs.
 
 Every pack module (``connections``, ``nccl_fabric``, ...) imports its shape
 from here; the registry (``packs/__init__``), which loads the pack modules,
@@ -10,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
-
-from ..values import read_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts
@@ -123,12 +120,3 @@ class Pack:
 
     def row(self, rule_id: str) -> PackRow:
         return next(r for r in self.rows if r.id == rule_id)
-
-
-def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
-    """A job's pack list, checked: names of optional packs, sorted, once each.
-    ``cuda-connections`` is always on and may be named."""
-    if isinstance(value, str):
-        value = [value]
-    names = read_names(value, key, PACK_NAMES, "pack", "known packs")
-    return tuple(sorted({v for v in names if v not in ALWAYS_ON}))

@@ -20,13 +20,15 @@ an arch-specific ``a`` target, so it never adds or strips one.
 from __future__ import annotations
 
 import re
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
 
 from ..node import Capability, NodeFacts, format_capability
-from ..spec import Spec
 from .pack import (
     KEEP, LEAVE, NONE, PREFERRED, REQUIRED, SET, TORCH_ARCH, Outcome, Pack, PackRow, PackVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Spec
 
 VARIABLE = "TORCH_CUDA_ARCH_LIST"
 _CPP_EXTENSION = "PyTorch torch/utils/cpp_extension.py _get_cuda_arch_flags"
