@@ -35,7 +35,10 @@ import warnings
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
+from ..engines import (
+    DISPATCHER_KEYS, DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE,
+    MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY,
+)
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, read_flag, read_name, read_size
 from .reader import Reader
@@ -67,7 +70,7 @@ FLAG_KEYS = (
     ("torch_fsdp2", "use_torch_fsdp2"),
     ("megatron_fsdp", "use_megatron_fsdp"),
     ("megatron_fsdp", "use_custom_fsdp"),
-    ("moe_overlap", "overlap_moe_expert_parallel_comm"),
+    ("moe_overlap", MOE_OVERLAP_KEY),
 )
 
 # A variable slime puts in the SGLang engine actors' own runtime_env and in no
@@ -107,20 +110,18 @@ _OPTIONS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("use_torch_fsdp2", "--use-torch-fsdp2", {"action": "store_true", "default": False}),
     ("use_megatron_fsdp", "--use-megatron-fsdp", {"action": "store_true", "default": False}),
     ("use_custom_fsdp", "--use-custom-fsdp", {"action": "store_true", "default": False}),
-    ("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm",
+    (MOE_OVERLAP_KEY, "--overlap-moe-expert-parallel-comm",
      {"action": "store_true", "default": False}),
-    ("moe_token_dispatcher_type", "--moe-token-dispatcher-type", {"default": "allgather"}),
-    ("moe_flex_dispatcher_backend", "--moe-flex-dispatcher-backend", {"default": "deepep"}),
-    ("moe_enable_deepep", "--moe-enable-deepep", {"action": "store_true", "default": False}),
-    ("pipeline_model_parallel_comm_backend", "--pipeline-model-parallel-comm-backend",
+    (DISPATCHER_TYPE_KEY, "--moe-token-dispatcher-type", {"default": "allgather"}),
+    (FLEX_BACKEND_KEY, "--moe-flex-dispatcher-backend", {"default": "deepep"}),
+    (ENABLE_DEEPEP_KEY, "--moe-enable-deepep", {"action": "store_true", "default": False}),
+    (PIPELINE_BACKEND_KEY, "--pipeline-model-parallel-comm-backend",
      {"default": None}),
 )
-# The MoE dispatcher and the pipeline backend, which slime passes straight to
-# Megatron-LM (megatron/training/arguments.py, then TransformerConfig and
+# The MoE dispatcher and the pipeline backend (engines' DISPATCHER_KEYS and
+# PIPELINE_BACKEND_KEY), which slime passes straight to Megatron-LM
+# (megatron/training/arguments.py, then TransformerConfig and
 # initialize_model_parallel).
-DISPATCHER_KEYS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
-                   "moe_enable_deepep")
-PIPELINE_BACKEND_KEY = "pipeline_model_parallel_comm_backend"
 _MEGATRON_KEYS = ({key for _, key in SIZE_KEYS} | {key for _, key in FLAG_KEYS}
                   | set(DISPATCHER_KEYS) | {PIPELINE_BACKEND_KEY})
 # Options only slime defines: one of them is what makes a list slime's.

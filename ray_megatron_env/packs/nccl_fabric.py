@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
+from ..engines import TRTLLM
 from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
 from .nccl_params import cumem_off, worker_value
 from .pack import (
@@ -33,7 +34,6 @@ MNNVL = "NCCL_MNNVL_ENABLE"
 NVLS = "NCCL_NVLS_ENABLE"
 CUMEM = "NCCL_CUMEM_ENABLE"
 VARIABLES = (MNNVL, NVLS, CUMEM)
-TRTLLM = "trtllm"
 NVLS_MIN_MAJOR = 9  # NVLS multicast exists from Hopper (NCCL nvls.cc: SM90 channel counts)
 
 _MNNVL_CHECK = ("NCCL src/mnnvl.cc ncclMnnvlCheck: it tests every rank's fabric state "
