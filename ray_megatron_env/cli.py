@@ -198,11 +198,11 @@ def format_check(reports: List[Any]) -> str:
 def driver_arch_list(reports: Iterable[Any]) -> Optional[str]:
     """Every node's TORCH_CUDA_ARCH_LIST (as the torch-arch pack left it on
     the node's workers) in one list, ascending; None where no node has one."""
-    from .packs.torch_arch import VARIABLE as ARCHS
+    from .packs.torch_arch import ARCH_LIST_VARIABLE
 
     entries = set()
     for r in reports:
-        entry = r.decision.variables.get(ARCHS) if r.decision is not None else None
+        entry = r.decision.variables.get(ARCH_LIST_VARIABLE) if r.decision is not None else None
         if entry is not None and entry.value:
             entries.update(e for e in entry.value.replace(";", " ").split() if e)
 
@@ -257,9 +257,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from .register import VARIABLE, merged_plugins, render
+    from .register import PLUGINS_VARIABLE, merged_plugins, render
 
-    plugins = merged_plugins(os.environ.get(VARIABLE), args.priority)
+    plugins = merged_plugins(os.environ.get(PLUGINS_VARIABLE), args.priority)
     print(render(plugins, args.format))
     return OK
 
@@ -267,7 +267,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .hook import TAKE_OVER_VARIABLE
     from .job_submission import job_submission_env
-    from .engines import VARIABLE
+    from .engines import CONNECTIONS_VARIABLE
     from .frameworks.loading import load_yaml, to_plain
     from .runtime_env import build_runtime_env, configured_value
 
@@ -288,9 +288,10 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
         # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
         # applied by verl's driver in ray.init; a second copy in the job env
         # would make Ray refuse to merge the two. Nothing to take over there.
-        env["env_vars"].pop(VARIABLE, None)
-        print(f"note: the config sets {VARIABLE}={deliberate} itself; verl's driver applies it "
-              "as an explicit value, so the job env leaves it to the driver", file=sys.stderr)
+        env["env_vars"].pop(CONNECTIONS_VARIABLE, None)
+        print(f"note: the config sets {CONNECTIONS_VARIABLE}={deliberate} itself; verl's driver "
+              "applies it as an explicit value, so the job env leaves it to the driver",
+              file=sys.stderr)
     elif args.take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
         # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
         # value in ray.init; the driver hook (which every submitted env

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from ._version import __version__
-from .engines import VARIABLE
+from .engines import CONNECTIONS_VARIABLE
 from .node import NodeFacts
 from .packs import (
     ALWAYS_ON, CUDA_CONNECTIONS, LEAVE, PREFERRED, REMOVE, REQUIRED, SET, Demand, Outcome,
@@ -87,7 +87,7 @@ class Decision:
     # release beside ``variables`` (docs/how-it-works.md#the-decision-ray_megatron_env_decision).
     @property
     def cuda(self) -> VariableDecision:
-        return self.variables[VARIABLE]
+        return self.variables[CONNECTIONS_VARIABLE]
 
     @property
     def value(self) -> Optional[str]:
@@ -143,7 +143,7 @@ class Decision:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "variables"}
         out["warnings"] = list(self.warnings)
         out["variables"] = {name: entry.to_dict() for name, entry in self.variables.items()}
-        if VARIABLE in self.variables:
+        if CONNECTIONS_VARIABLE in self.variables:
             out.update(value=self.value, source=self.source, reason=self.reason,
                        requirement=self.requirement, engines=self.engines, rules=self.rules,
                        strengths=self.strengths, because=self.because, conflict=self.conflict,
@@ -158,7 +158,7 @@ class Decision:
         lines = []
         for name, entry in self.variables.items():
             shown = entry.value if entry.value is not None else "unset"
-            if name == VARIABLE:
+            if name == CONNECTIONS_VARIABLE:
                 lines.append((logging.INFO, f"{FIELD}: {name}={shown} (source: {entry.source}; "
                                             f"via: {self.via}; GPUs: {self.gpus}): {self.reason}"))
             else:
@@ -212,7 +212,7 @@ def _version_1_variables(data: Mapping[str, Any]) -> Dict[str, VariableDecision]
                                for i in ids.split("+"))),
         reason, data.get("node_value"),
         {"requirement": requirement, "conflict": bool(data.get("conflict")), "roles": roles})
-    variables = {VARIABLE: cuda}
+    variables = {CONNECTIONS_VARIABLE: cuda}
     for name, entry in (data.get("packs") or {}).items():
         variables[name] = VariableDecision.from_dict(entry)
     return variables

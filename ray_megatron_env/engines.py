@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Dict
 
 # CUDA's per-process hardware work-queue count (the ``cuda-connections`` pack).
-VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
+CONNECTIONS_VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
 CUDA_DEFAULT = 8
 CUDA_RANGE = range(1, 33)  # NVIDIA's documented range; CUDA clamps outside it
 

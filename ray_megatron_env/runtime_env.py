@@ -13,7 +13,7 @@ import os
 import warnings
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from .engines import VARIABLE
+from .engines import CONNECTIONS_VARIABLE
 from .errors import FieldValueError
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
 from .packs.connections import explicit_value, hard_conflict_everywhere
@@ -81,7 +81,7 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
                 "could reach the workers. Instead: run the image as the nodes' own image "
                 "with the package installed (the plugin registered there, or the field's "
                 "setup hook from a job env without image_uri), or set "
-                f"{VARIABLE} per role yourself from 'ray-megatron-env explain'")
+                f"{CONNECTIONS_VARIABLE} per role yourself from 'ray-megatron-env explain'")
 
 
 
@@ -112,8 +112,8 @@ def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str
     if not under_uv:
         return None
     return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
-            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {VARIABLE} in ray.init is "
-            "not taken over and a raw megatron_env field is not checked. Pass "
+            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {CONNECTIONS_VARIABLE} in "
+            "ray.init is not taken over and a raw megatron_env field is not checked. Pass "
             "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
 
 
@@ -153,16 +153,16 @@ def _refuse_a_conflict_on_every_gpu(spec: Spec) -> None:
 
 def configured_value(config: ConfigLike) -> Optional[Any]:
     """The value the user set in a verl config's own worker env vars, if any."""
-    return lookup(to_plain(config), f"{USER_ENV_VARS}.{VARIABLE}", strict=False)[1]
+    return lookup(to_plain(config), f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", strict=False)[1]
 
 
 def _take_over(env: Dict[str, Any], plain: Mapping[str, Any]) -> None:
     env_vars = env.get("env_vars")
     if isinstance(env_vars, dict):
-        env_vars.pop(VARIABLE, None)
+        env_vars.pop(CONNECTIONS_VARIABLE, None)
     deliberate = configured_value(plain)
     if deliberate is not None:
-        env.setdefault("env_vars", {})[VARIABLE] = deliberate
+        env.setdefault("env_vars", {})[CONNECTIONS_VARIABLE] = deliberate
 
 
 def plain_runtime_env(base: Optional[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.cli import OK, PROBLEM, main
 from ray_megatron_env.decision import DECISION_VARIABLE, decide_node
-from ray_megatron_env.engines import VARIABLE
+from ray_megatron_env.engines import CONNECTIONS_VARIABLE
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
 from ray_megatron_env.frameworks import parse_field
@@ -206,8 +206,8 @@ def test_without_packs_the_decision_and_its_record_are_what_they_were():
     gpus = NodeGpus.known([(9, 0)], "given")
     after = decide_node(spec, NodeFacts(gpus), {}, {})
     record = json.loads(after.write[DECISION_VARIABLE])
-    assert "packs" not in record and list(record["variables"]) == [VARIABLE]
-    assert after.env() == {VARIABLE: "1"}
+    assert "packs" not in record and list(record["variables"]) == [CONNECTIONS_VARIABLE]
+    assert after.env() == {CONNECTIONS_VARIABLE: "1"}
     assert explain(MEGATRON_TP2, "9.0") == after.decision
 
 

@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..engines import VARIABLE
+from ..engines import CONNECTIONS_VARIABLE
 from ..errors import FieldValueError
 from ..spec import Spec
 from ..values import FIELD, fail_type
@@ -210,7 +210,7 @@ def _pluck(tree: Any) -> Dict[str, Any]:
                            for key, section in tree.top_keys().items()}
     markers, paths = all_paths()
     unresolved: Optional[FieldValueError] = None
-    for path in (*paths, f"{USER_ENV_VARS}.{VARIABLE}", *markers):
+    for path in (*paths, f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", *markers):
         parts = path.split(".")
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])

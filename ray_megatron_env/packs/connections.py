@@ -27,11 +27,13 @@ over another engine's overlap), and each preference left unmet is named.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple,
+)
 
 from ..engines import (
     ALWAYS_RUN, ASSERTS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, MEGATRON,
-    MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, VARIABLE,
+    MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, CONNECTIONS_VARIABLE,
 )
 from ..errors import FieldValueError
 from ..node import NodeFacts, NodeGpus
@@ -520,10 +522,10 @@ def hard_conflict_everywhere(spec: Spec, rules: Sequence[Rule] = RULES) -> Optio
 
 def explicit_value(env_vars: Optional[Mapping[str, Any]]) -> Optional[str]:
     """The runtime env's own value for the variable, checked, or None."""
-    if not env_vars or VARIABLE not in env_vars:
+    if not env_vars or CONNECTIONS_VARIABLE not in env_vars:
         return None
-    parse_connections(env_vars[VARIABLE], f"env_vars.{VARIABLE}")
-    return env_vars[VARIABLE]
+    parse_connections(env_vars[CONNECTIONS_VARIABLE], f"env_vars.{CONNECTIONS_VARIABLE}")
+    return env_vars[CONNECTIONS_VARIABLE]
 
 
 def _conflict_warnings(verdict: Verdict, framework: Optional[str] = None) -> List[str]:
@@ -561,13 +563,13 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     explicit = explicit_value(env_vars)
     # AReaL writes its own "1" into every worker: not the user's intent.
     replaces = explicit if explicit is not None and explicit == spec.replaces else None
-    inherited = node_environ.get(VARIABLE)
+    inherited = node_environ.get(CONNECTIONS_VARIABLE)
     if (explicit is None or replaces is not None) and inherited is not None:
         try:
-            parse_connections(inherited, VARIABLE)
+            parse_connections(inherited, CONNECTIONS_VARIABLE)
         except FieldValueError:
-            warnings.append(f"the node's {VARIABLE}={inherited!r} is not an integer from 1 "
-                            "to 32")
+            warnings.append(f"the node's {CONNECTIONS_VARIABLE}={inherited!r} is not an integer "
+                            "from 1 to 32")
     need = verdict.requirement
     roles = by_role(verdict.findings)
     left_out = "".join(f"; {role}: {why}" for role, why in spec.omitted)
@@ -575,7 +577,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     # The rows that shaped the value: those of the strongest strength.
     deciding = dict.fromkeys(f.rule.id for f in verdict.findings if f.strength == strength)
     outcome = Outcome(
-        VARIABLE, SET if need.is_constraint else LEAVE,
+        CONNECTIONS_VARIABLE, SET if need.is_constraint else LEAVE,
         str(need.choose()) if need.is_constraint else None, strength,
         "+".join(deciding), f"{verdict.reason}{left_out}",
         accepts=need.values,
@@ -595,7 +597,8 @@ def _row(rule: Rule) -> PackRow:
     constraint = rule.requirement.is_constraint
     when = f"{rule.engine} engine on {rule.gpus}"
     return PackRow(rule.id, when, SET if constraint else LEAVE,
-                   ((VARIABLE, rule.requirement.label),) if constraint else ((VARIABLE, ""),),
+                   ((CONNECTIONS_VARIABLE, rule.requirement.label),) if constraint
+                   else ((CONNECTIONS_VARIABLE, ""),),
                    (f"required where {' or '.join(rule.required_by)} checks run, else preferred"
                     if rule.required_by else PREFERRED) if constraint else "none",
                    rule.why, rule.source)
@@ -606,12 +609,12 @@ PACK = Pack(
     summary=("How many hardware work queues CUDA gives each process. Megatron's tensor and "
              "context parallelism need 1 before Blackwell; FSDP-style and inference engines "
              "want more."),
-    variables=(VARIABLE,),
+    variables=(CONNECTIONS_VARIABLE,),
     node_facts=("the compute capability of every GPU (the oldest decides)",
                 "the vendor of a node without NVIDIA GPUs"),
     config_facts=("each role's engine kind, tensor/context/expert parallel sizes, FSDP flags, "
                   "MoE overlap and the checks its framework runs (docs/field.md)",),
     rows=tuple(_row(rule) for rule in RULES),
     evaluate=evaluate,
-    defaults=((VARIABLE, f"CUDA's default, {CUDA_DEFAULT}"),),
+    defaults=((CONNECTIONS_VARIABLE, f"CUDA's default, {CUDA_DEFAULT}"),),
 )

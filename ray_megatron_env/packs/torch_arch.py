@@ -30,7 +30,7 @@ from .pack import (
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Spec
 
-VARIABLE = "TORCH_CUDA_ARCH_LIST"
+ARCH_LIST_VARIABLE = "TORCH_CUDA_ARCH_LIST"
 _CPP_EXTENSION = "PyTorch torch/utils/cpp_extension.py _get_cuda_arch_flags"
 # PyTorch's named_arches, in its order (combined names before single ones,
 # as its string replacement needs).
@@ -46,7 +46,7 @@ _ENTRY = re.compile(r"^(\d+)\.(\d+)(a?)(\+PTX)?$")
 ROWS = (
     PackRow("unset",
             "NVIDIA GPUs on the node and TORCH_CUDA_ARCH_LIST unset",
-            SET, ((VARIABLE, "the node's archs"),), PREFERRED,
+            SET, ((ARCH_LIST_VARIABLE, "the node's archs"),), PREFERRED,
             "the node's distinct compute capabilities, ascending, space separated "
             "(\"8.0\", \"8.6 12.0\"): every GPU here gets its own SASS, including in a "
             "process that sees no GPU, where PyTorch's default (the visible GPUs' archs) "
@@ -55,7 +55,7 @@ ROWS = (
     PackRow("misses-node-arch",
             "the value (the job's, or inherited from the node, e.g. an image's ENV) has "
             "neither SASS nor PTX for one of the node's GPUs, or an entry PyTorch rejects",
-            SET, ((VARIABLE, "the node's archs"),), REQUIRED,
+            SET, ((ARCH_LIST_VARIABLE, "the node's archs"),), REQUIRED,
             "kernels built from it fail on this node with 'no kernel image is available' "
             "(CUDA_ERROR_NO_BINARY_FOR_GPU), or a cached build for another generation is "
             "reused; an inherited value is replaced, a job's own is kept with a warning",
@@ -63,21 +63,21 @@ ROWS = (
             "NVIDIA-NeMo/RL#2723 (image pins \"9.0 10.0\"), NVIDIA/flashdreams PR #216"),
     PackRow("covers-node-archs",
             "the value has SASS for every GPU of the node (X.Y or X.Ya: \"9.0a\" covers 9.0)",
-            KEEP, ((VARIABLE, ""),), NONE,
+            KEEP, ((ARCH_LIST_VARIABLE, ""),), NONE,
             "it builds for this node; extra archs only cost build time; the 'a' suffix is "
             "the job's choice and stays",
             _CPP_EXTENSION),
     PackRow("covers-only-through-ptx",
             "the value covers some GPU of the node only through +PTX of an older arch, or "
             "through SASS of an older minor of the same major (8.0 on 8.6)",
-            KEEP, ((VARIABLE, ""),), PREFERRED,
+            KEEP, ((ARCH_LIST_VARIABLE, ""),), PREFERRED,
             "it runs, but +PTX is JIT-compiled by the driver at first launch, and older SASS "
             "lacks that arch's own features; kept with a warning",
             f"{_CPP_EXTENSION} ('+PTX' adds code=compute_XY); CUDA binary compatibility "
             "(SASS for X.y runs on X.z, z >= y; PTX is JIT-compiled for newer GPUs)"),
     PackRow("leave",
             "no NVIDIA GPU, or the GPUs could not be read",
-            LEAVE, ((VARIABLE, ""),), NONE,
+            LEAVE, ((ARCH_LIST_VARIABLE, ""),), NONE,
             "nothing for the node to say; PyTorch's own default applies",
             _CPP_EXTENSION),
 )
@@ -122,7 +122,7 @@ def node_list(capabilities) -> str:
 
 def _outcome(rule_id: str, value: Optional[str], reason: str) -> Outcome:
     row = _BY_ID[rule_id]
-    return Outcome(VARIABLE, row.action, value, row.strength, row.id, reason)
+    return Outcome(ARCH_LIST_VARIABLE, row.action, value, row.strength, row.id, reason)
 
 
 def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
@@ -133,14 +133,14 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     if not gpus.capabilities:
         warnings = () if gpus.is_known else (
             f"{TORCH_ARCH}: the node's GPUs could not be read ({gpus.error}); "
-            f"{VARIABLE} is left as it is",)
+            f"{ARCH_LIST_VARIABLE} is left as it is",)
         return PackVerdict((_outcome("leave", None, f"{gpus.describe()}: nothing to decide "
                                                      "[leave]"),), warnings)
     archs = sorted(set(gpus.capabilities))
     wanted = node_list(archs)
     where = f"GPUs {', '.join(format_capability(c) for c in archs)}"
-    explicit = env_vars.get(VARIABLE)
-    seen = str(explicit) if explicit is not None else node_environ.get(VARIABLE)
+    explicit = env_vars.get(ARCH_LIST_VARIABLE)
+    seen = str(explicit) if explicit is not None else node_environ.get(ARCH_LIST_VARIABLE)
     if seen is None:
         return PackVerdict((_outcome("unset", wanted, f"{where}: builds for each [unset]"),))
     whose = "the job's" if explicit is not None else "the node's"
@@ -152,19 +152,19 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
             ([f"PyTorch rejects {', '.join(repr(r) for r in rejected)}"] if rejected else [])
         return PackVerdict((_outcome(
             "misses-node-arch", wanted,
-            f"{where}: {whose} {VARIABLE}={seen!r} has {'; '.join(problems)} "
+            f"{where}: {whose} {ARCH_LIST_VARIABLE}={seen!r} has {'; '.join(problems)} "
             "[misses-node-arch]"),))
     indirect = [format_capability(c) for c, how in served.items() if how == "indirect"]
     if indirect:
         outcome = _outcome("covers-only-through-ptx", seen,
-                           f"{where}: {whose} {VARIABLE}={seen!r} serves "
+                           f"{where}: {whose} {ARCH_LIST_VARIABLE}={seen!r} serves "
                            f"{', '.join(indirect)} only through +PTX (JIT at first launch) or "
                            "an older minor's SASS [covers-only-through-ptx]")
         return PackVerdict((outcome,), (f"{TORCH_ARCH} [covers-only-through-ptx]: "
                                         f"{outcome.reason}; {wanted!r} would build for each",))
     return PackVerdict((_outcome("covers-node-archs", seen,
-                                 f"{where}: {whose} {VARIABLE}={seen!r} has code for each "
-                                 "[covers-node-archs]"),))
+                                 f"{where}: {whose} {ARCH_LIST_VARIABLE}={seen!r} has code for "
+                                 "each [covers-node-archs]"),))
 
 
 PACK = Pack(
@@ -175,11 +175,11 @@ PACK = Pack(
              "a list baked into an image for other GPUs builds kernels this node cannot run. "
              "Leave the pack out where no job builds kernels at run time, or where every "
              "node's image already lists its GPUs."),
-    variables=(VARIABLE,),
+    variables=(ARCH_LIST_VARIABLE,),
     node_facts=("the compute capability of each NVIDIA GPU on the node (the GPU probe)",),
     config_facts=("the job's own TORCH_CUDA_ARCH_LIST (its env_vars), else the node's",),
     rows=ROWS,
     evaluate=evaluate,
-    defaults=((VARIABLE, "the visible GPUs' archs, the last +PTX; none visible: the build "
-                         "fails (torch/utils/cpp_extension.py)"),),
+    defaults=((ARCH_LIST_VARIABLE, "the visible GPUs' archs, the last +PTX; none visible: the "
+                                   "build fails (torch/utils/cpp_extension.py)"),),
 )
