@@ -314,8 +314,8 @@ class NodeDecision:
     write: Dict[str, str]
     remove: Tuple[str, ...]
 
-    def apply(self, env_vars: MutableMapping[str, str],
-              logger: Optional[logging.Logger] = None) -> None:
+    def write_to(self, env_vars: MutableMapping[str, str],
+                 logger: Optional[logging.Logger] = None) -> None:
         """Write the worker's variables into ``env_vars``, and log the
         decision (both ways in do this, the same way)."""
         for name in self.remove:

@@ -254,10 +254,10 @@ def test_the_agent_probes_the_fabric_only_for_jobs_that_ask():
     agent = NodeAgent(ProbeCache(lambda: NodeGpus.known([(10, 0)], "fake")),
                       ProbeCache(fabric))
     env_vars = {}
-    agent.apply({"megatron_env": MEGATRON_TP2}, env_vars, {}, logging.getLogger("t"))
+    agent.decide_and_write({"megatron_env": MEGATRON_TP2}, env_vars, {}, logging.getLogger("t"))
     assert fabric.runs == 0 and nccl(env_vars) == {}
     env_vars = {}
-    agent.apply({"megatron_env": {**MEGATRON_TP2, "packs": ["nccl-fabric"]}}, env_vars, {},
+    agent.decide_and_write({"megatron_env": {**MEGATRON_TP2, "packs": ["nccl-fabric"]}}, env_vars, {},
                 logging.getLogger("t"))
     assert fabric.runs == 1 and nccl(env_vars) == {MNNVL: "0"}
 

@@ -110,7 +110,7 @@ def outcome(function, *args, **kw):
 
 def apply_in_agent(field, gpus, env_vars, node_environ=None, agent=None):
     agent = agent or NodeAgent(ProbeCache(probe=lambda: gpus))
-    return agent.apply({"megatron_env": field}, env_vars, node_environ or {}, QUIET)
+    return agent.decide_and_write({"megatron_env": field}, env_vars, node_environ or {}, QUIET)
 
 
 @SETTINGS
