@@ -379,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "without it only GPUs and registration are checked")
     role_option(check)
     check.add_argument("--strict", action="store_true",
-                       help="exit 1 if any node lacks the plugin, does not answer, has a "
+                       help="exit 1 if any node does not answer, gets no decision (neither "
+                            "the plugin nor the job env's setup hook decided there), has a "
                             "failed GPU probe, or breaks a hard requirement")
     check.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for all nodes to answer (60)")

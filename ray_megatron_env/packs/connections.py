@@ -310,8 +310,6 @@ RULES = (
              "model config's pipeline_model_parallel_comm_backend to it",
          required_by=(MEGATRON_CORE_CHECK,),),
 )
-FIRST_MATCH_RULES = tuple(rule for rule in RULES if not rule.beside)
-BESIDE_RULES = tuple(rule for rule in RULES if rule.beside)
 
 
 @dataclass(frozen=True)
