@@ -14,10 +14,9 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .engines import (
-    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
+    ALWAYS_ON, CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
+    MEGATRON, MEGATRON_FLEX_BACKENDS, PACK_NAMES, PIPELINE_BACKENDS,
 )
-from .packs.pack import ALWAYS_ON, PACK_NAMES
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
 FORMAT_VERSION = 2

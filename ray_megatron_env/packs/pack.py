@@ -1,4 +1,4 @@
-"""What a pack is: its name, rows and outcomes; the names of all packs.
+"""What a pack is: its rows and outcomes (the packs' names are engines').
 
 Every pack module (``connections``, ``nccl_fabric``, ...) imports its shape
 from here; the registry (``packs/__init__``), which loads the pack modules,
@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
+from ..engines import (  # noqa: F401 (handed on to the pack modules and the registry)
+    ALWAYS_ON, CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, OPTIONAL_PACKS, PACK_NAMES, TORCH_ARCH,
+)
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts
     from ..spec import Spec
@@ -17,15 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
 SET, REMOVE, KEEP, LEAVE = "set", "remove", "keep", "leave"
 ACTIONS = (SET, REMOVE, KEEP, LEAVE)
 REQUIRED, PREFERRED, NONE = "required", "preferred", "none"
-
-CUDA_CONNECTIONS = "cuda-connections"
-NCCL_FABRIC = "nccl-fabric"
-NCCL_HOST_MEM = "nccl-host-mem"
-TORCH_ARCH = "torch-arch"
-# Every pack, by name; the first is always on.
-PACK_NAMES = (CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, TORCH_ARCH)
-ALWAYS_ON = (CUDA_CONNECTIONS,)
-OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)
 
 
 @dataclass(frozen=True)
