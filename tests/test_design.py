@@ -99,15 +99,19 @@ def test_no_module_reaches_itself():
     graph = _graph()
     circles = []
     for start in sorted(graph):
-        seen, todo = set(), list(graph[start])
+        came_from, todo = {}, [(start, other) for other in graph[start]]
         while todo:
-            module = todo.pop()
+            before, module = todo.pop()
+            if module in came_from:
+                continue
+            came_from[module] = before
             if module == start:
-                circles.append(start)
+                path = [start]
+                while len(path) == 1 or path[-1] != start:
+                    path.append(came_from[path[-1]])
+                circles.append(" <- ".join(path))
                 break
-            if module not in seen:
-                seen.add(module)
-                todo.extend(graph[module])
+            todo.extend((module, other) for other in graph[module])
     assert circles == []
 
 
