@@ -37,6 +37,7 @@ MAX_FIELD_BYTES = 512 * 1024
 # verl's configs nest about 8 levels deep.
 MAX_DEPTH = 32
 
+
 def _check_depth(value: Any) -> None:
     stack = [(value, 1)]
     while stack:
