@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
-from . import __version__
-from .engines import VARIABLE
+from ._version import __version__
+from .engines import CONNECTIONS_VARIABLE
 from .node import NodeFacts
 from .packs import (
     ALWAYS_ON, CUDA_CONNECTIONS, LEAVE, PREFERRED, REMOVE, REQUIRED, SET, Demand, Outcome,
@@ -96,7 +96,7 @@ class Decision:
     # release beside ``variables`` (docs/how-it-works.md#the-decision-ray_megatron_env_decision).
     @property
     def cuda(self) -> VariableDecision:
-        return self.variables[VARIABLE]
+        return self.variables[CONNECTIONS_VARIABLE]
 
     @property
     def value(self) -> Optional[str]:
@@ -152,7 +152,7 @@ class Decision:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "variables"}
         out["warnings"] = list(self.warnings)
         out["variables"] = {name: entry.to_dict() for name, entry in self.variables.items()}
-        if VARIABLE in self.variables:
+        if CONNECTIONS_VARIABLE in self.variables:
             out.update(value=self.value, source=self.source, reason=self.reason,
                        requirement=self.requirement, engines=self.engines, rules=self.rules,
                        strengths=self.strengths, because=self.because, conflict=self.conflict,
@@ -167,7 +167,7 @@ class Decision:
         lines = []
         for name, entry in self.variables.items():
             shown = entry.value if entry.value is not None else "unset"
-            if name == VARIABLE:
+            if name == CONNECTIONS_VARIABLE:
                 lines.append((logging.INFO, f"{FIELD}: {name}={shown} (source: {entry.source}; "
                                             f"via: {self.via}; GPUs: {self.gpus}): {self.reason}"))
             else:
@@ -221,7 +221,7 @@ def _version_1_variables(data: Mapping[str, Any]) -> Dict[str, VariableDecision]
                                for i in ids.split("+"))),
         reason, data.get("node_value"),
         {"requirement": requirement, "conflict": bool(data.get("conflict")), "roles": roles})
-    variables = {VARIABLE: cuda}
+    variables = {CONNECTIONS_VARIABLE: cuda}
     for name, entry in (data.get("packs") or {}).items():
         variables[name] = VariableDecision.from_dict(entry)
     return variables
@@ -341,7 +341,7 @@ def split_driver_env(spec: Spec, env_vars: Mapping[str, Any]
     value (``replaces``) is left to its own rule."""
     copied = {name: value for name, value in spec.driver_env
               if name in env_vars and str(env_vars[name]) == value
-              and not (name == VARIABLE and value == spec.replaces)}
+              and not (name == CONNECTIONS_VARIABLE and value == spec.replaces)}
     if not copied:
         return env_vars, {}
     return {k: v for k, v in env_vars.items() if k not in copied}, copied
@@ -357,8 +357,8 @@ class NodeDecision:
     write: Dict[str, str]
     remove: Tuple[str, ...]
 
-    def apply(self, env_vars: MutableMapping[str, str],
-              logger: Optional[logging.Logger] = None) -> None:
+    def write_to(self, env_vars: MutableMapping[str, str],
+                 logger: Optional[logging.Logger] = None) -> None:
         """Write the worker's variables into ``env_vars``, and log the
         decision (both ways in do this, the same way)."""
         for name in self.remove:

@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import EnvironmentVariableError
 from .runtime_env import build_runtime_env
-from .engines import VARIABLE
+from .engines import CONNECTIONS_VARIABLE
 from .values import FIELD
 
 TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"
@@ -215,10 +215,11 @@ def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str
         base = {key: value for key, value in runtime_env.items() if key != FIELD}
         runtime_env = build_runtime_env(runtime_env[FIELD], base=base, take_over=take_over,
                                         driver_environ=driver_environment(job_env))
-    elif take_over and VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
+    elif take_over and CONNECTIONS_VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
         logger.warning(
             "%s=1 but the job's runtime env has no %s field: keeping the explicit %s=%s for "
             "every worker, since without the training config nothing can be decided per node",
-            TAKE_OVER_VARIABLE, FIELD, VARIABLE, runtime_env["env_vars"][VARIABLE])
+            TAKE_OVER_VARIABLE, FIELD, CONNECTIONS_VARIABLE,
+            runtime_env["env_vars"][CONNECTIONS_VARIABLE])
     then = next_hook()
     return then(runtime_env) if then is not None else runtime_env

@@ -14,13 +14,14 @@ import warnings
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 from .decision import split_driver_env
-from .engines import VARIABLE
+from .engines import ALWAYS_ON, CONNECTIONS_VARIABLE, PACK_NAMES
 from .errors import EnvironmentVariableError, FieldValueError
 from .frameworks.compact import MAX_DRIVER_VALUE
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
-from .packs import ALWAYS_ON, PACK_NAMES, get_pack, read_packs
+from .packs import get_pack
+from .spec import read_packs
 from .packs.connections import explicit_value, hard_conflict_everywhere
-from .spec import Roles, Spec
+from .spec import Roles, Spec, read_packs
 from .values import FIELD, fail_type, lookup
 from .worker import add_setup_hook
 
@@ -68,7 +69,7 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     if take_over:
         _take_over(env, plain)
     spec = spec.narrow(role, known_roles)
-    deliberate = (VARIABLE,) if take_over and configured_value(plain) is not None else ()
+    deliberate = (CONNECTIONS_VARIABLE,) if take_over and configured_value(plain) is not None else ()
     spec = dataclasses.replace(spec, driver_env=driver_copies(
         spec, env.get("env_vars"), os.environ if driver_environ is None else driver_environ,
         keep=deliberate))
@@ -137,7 +138,7 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
                 "could reach the workers. Instead: run the image as the nodes' own image "
                 "with the package installed (the plugin registered there, or the field's "
                 "setup hook from a job env without image_uri), or set "
-                f"{VARIABLE} per role yourself from 'ray-megatron-env explain'")
+                f"{CONNECTIONS_VARIABLE} per role yourself from 'ray-megatron-env explain'")
 
 
 
@@ -168,8 +169,8 @@ def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str
     if not under_uv:
         return None
     return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
-            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {VARIABLE} in ray.init is "
-            "not taken over and a raw megatron_env field is not checked. Pass "
+            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {CONNECTIONS_VARIABLE} in "
+            "ray.init is not taken over and a raw megatron_env field is not checked. Pass "
             "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
 
 
@@ -209,16 +210,16 @@ def _refuse_a_conflict_on_every_gpu(spec: Spec) -> None:
 
 def configured_value(config: ConfigLike) -> Optional[Any]:
     """The value the user set in a verl config's own worker env vars, if any."""
-    return lookup(to_plain(config), f"{USER_ENV_VARS}.{VARIABLE}", strict=False)[1]
+    return lookup(to_plain(config), f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", strict=False)[1]
 
 
 def _take_over(env: Dict[str, Any], plain: Mapping[str, Any]) -> None:
     env_vars = env.get("env_vars")
     if isinstance(env_vars, dict):
-        env_vars.pop(VARIABLE, None)
+        env_vars.pop(CONNECTIONS_VARIABLE, None)
     deliberate = configured_value(plain)
     if deliberate is not None:
-        env.setdefault("env_vars", {})[VARIABLE] = deliberate
+        env.setdefault("env_vars", {})[CONNECTIONS_VARIABLE] = deliberate
 
 
 def plain_runtime_env(base: Optional[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .engines import (
-    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
+    ALWAYS_ON, CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
+    MEGATRON, MEGATRON_FLEX_BACKENDS, PACK_NAMES, PIPELINE_BACKENDS,
 )
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
@@ -365,3 +365,12 @@ class Spec:
             return (self,)
         kinds = [self.for_process({rule.variable: rule.prefix})[0] for rule in self.processes]
         return tuple(kinds) + (self.for_process({})[0],)
+
+
+def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
+    """A job's pack list, checked: names of optional packs, sorted, once each.
+    ``cuda-connections`` is always on and may be named."""
+    if isinstance(value, str):
+        value = [value]
+    names = read_names(value, key, PACK_NAMES, "pack", "known packs")
+    return tuple(sorted({v for v in names if v not in ALWAYS_ON}))

@@ -27,7 +27,7 @@ from ray_megatron_env.agent import NodeAgent, check_runtime_env
 from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.decision import Decision, decide_node, settle
 from ray_megatron_env.errors import EnvironmentVariableError, FieldTypeError, FieldValueError
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.hook import JOB_CONFIG_VARIABLE, driver_environment, runtime_env_hook
 from ray_megatron_env.node import NodeFacts, NodeGpus, parse_fake_node
 from ray_megatron_env.packs import REMOVE, Outcome
@@ -276,7 +276,7 @@ def test_the_plugin_and_the_setup_hook_agree_on_an_a100_and_an_h100():
     for gpus, archs, source in (("8.0", "8.0", "policy"), ("9.0", IMAGE_ARCHS, "driver-env")):
         caps = NodeGpus.known([tuple(map(int, gpus.split(".")))], "fake")
         env_vars = dict(env["env_vars"])
-        decision = NodeAgent(ProbeCache(lambda: caps)).apply(env, env_vars, {"PATH": "/usr/bin"},
+        decision = NodeAgent(ProbeCache(lambda: caps)).decide_and_write(env, env_vars, {"PATH": "/usr/bin"},
                                                              LOG)
         assert (env_vars[ARCHS], decision.variables[ARCHS].source) == (archs, source)
         assert (env_vars[CUDA], decision.variables[CUDA].source) == ("1", "driver-env")

@@ -113,7 +113,7 @@ def in_the_agent(config, role, node, base=None):
     env_vars = dict(runtime_env.get("env_vars", {}))
     node_environ = {"CUDA_DEVICE_MAX_CONNECTIONS": own} if own else {}
     agent = NodeAgent(ProbeCache(probe=lambda: probe_gpus({FAKE_VARIABLE: gpus})))
-    decision = agent.apply(runtime_env, env_vars, node_environ, QUIET)
+    decision = agent.decide_and_write(runtime_env, env_vars, node_environ, QUIET)
     # The worker inherits the node's environment under its env_vars.
     return {**node_environ, **env_vars}.get("CUDA_DEVICE_MAX_CONNECTIONS"), decision
 
@@ -303,7 +303,7 @@ def test_a_malformed_fake_is_recorded_and_treated_conservatively():
     env = build_runtime_env(verl(*MEGATRON_TP2))
     env_vars = dict(env["env_vars"])
     agent = NodeAgent(ProbeCache(probe=lambda: probe_gpus({FAKE_VARIABLE: "9.x"})))
-    decision = agent.apply(env, env_vars, {}, QUIET)
+    decision = agent.decide_and_write(env, env_vars, {}, QUIET)
     assert env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and decision.gpus is None
     assert "9.x" in decision.probe["error"] and decision.warnings
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..packs import ALWAYS_ON, get_pack, read_packs
 from ..spec import (
     CHOICES, FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec,
-    read_checks, read_note,
-    resolve_kind,
+    read_checks, read_note, read_packs, resolve_kind,
 )
 from ..values import (
     FIELD, fail_type, parse_connections, read_flag, read_name, read_size, read_token,
@@ -79,12 +77,10 @@ def read_driver_env(raw: Any, packs: Tuple[str, ...]) -> Tuple[Tuple[str, str], 
         return ()
     if not isinstance(raw, Mapping):
         raise fail_type("driver_env", "a mapping of variable -> the driver's value", raw)
-    owned = [v for name in (*ALWAYS_ON, *packs) for v in get_pack(name).variables]
+    # Which pack owns each name is checked where the packs are known
+    # (frameworks.read_field): the packs sit above the readers.
     out = []
     for name, text in raw.items():
-        if name not in owned:
-            raise FieldValueError(f"{FIELD}: driver_env names {name!r}, which no pack of this "
-                                  f"job decides; its packs' variables: {', '.join(owned)}")
         if not isinstance(text, str) or len(text) > MAX_DRIVER_VALUE or "$" in text:
             raise fail_type(f"driver_env.{name}", f"a string of at most {MAX_DRIVER_VALUE} "
                             "characters without '$'", text)
