@@ -9,9 +9,8 @@ something is broken, keep it from joining the cluster.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
-
 _EXPORTS = {
+    "__version__": "_version",
     "build_runtime_env": "runtime_env",
     "read_decision": "worker",
     "check_cluster": "check",
@@ -22,9 +21,10 @@ _EXPORTS = {
     "FieldValueError": "errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._version import __version__
     from .check import check_cluster
     from .decision import Decision
     from .errors import FieldTypeError, FieldValueError, MegatronEnvError

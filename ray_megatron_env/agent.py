@@ -3,7 +3,7 @@
 ``plugin.py`` is the thin class Ray loads; this module is where a worker's
 environment is decided, so it can be exercised directly with a plain dict
 for ``env_vars`` and a fake probe. The worker-side fallback (``worker.py``)
-calls the same ``decision.decide_node`` and ``NodeDecision.apply``, so both
+calls the same ``decision.decide_node`` and ``NodeDecision.write_to``, so both
 paths apply one precedence and leave one record.
 """
 
@@ -13,8 +13,8 @@ import logging
 from typing import Any, List, Mapping, MutableMapping, Optional
 
 from .cache import ProbeCache
-from .decision import VIA_PLUGIN, Decision, decide_node
-from .field import parse_field
+from .decision import VIA_PLUGIN, Decision, decide_node, split_driver_env
+from .frameworks import parse_field
 from .node import FABRIC, P2P, NodeFacts, NodeGpus
 from .packs import fact_kinds
 from .packs.connections import explicit_value
@@ -25,8 +25,10 @@ from .values import FIELD
 
 def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
     """Raise the user-facing error for a bad field or explicit value."""
-    parse_field(runtime_env.get(FIELD))
-    explicit_value(runtime_env.get("env_vars"))
+    spec = parse_field(runtime_env.get(FIELD))
+    # A value the driver copied (the field's driver_env) is inherited: the
+    # decision warns about a bad one, as about a node's.
+    explicit_value(split_driver_env(spec, runtime_env.get("env_vars") or {})[0])
 
 
 class NodeAgent:
@@ -45,7 +47,7 @@ class NodeAgent:
                 if kind in kinds]
 
     async def probe_async(self, runtime_env: Optional[Mapping[str, Any]] = None) -> NodeGpus:
-        """Probe off the event loop before ``apply`` needs the results: the
+        """Probe off the event loop before ``decide_and_write`` needs the results: the
         GPUs always, the other facts only when the job's packs read them."""
         gpus = await self.cache.get_async()
         for cache in self._caches(_fact_kinds(runtime_env) if runtime_env is not None
@@ -58,18 +60,19 @@ class NodeAgent:
         return NodeFacts(self.cache.get(), self.fabric_cache.get() if FABRIC in kinds else None,
                          self.p2p_cache.get() if P2P in kinds else None)
 
-    def apply(self, runtime_env: Mapping[str, Any], env_vars: MutableMapping[str, str],
-              node_environ: Mapping[str, str], logger: logging.Logger) -> Decision:
+    def decide_and_write(self, runtime_env: Mapping[str, Any],
+                         env_vars: MutableMapping[str, str], node_environ: Mapping[str, str],
+                         logger: logging.Logger) -> Decision:
         """Decide for this worker on this node and write its variables."""
         spec = parse_field(runtime_env.get(FIELD))
         result = decide_node(spec, self.facts(spec), env_vars, node_environ, via=VIA_PLUGIN)
-        result.apply(env_vars, logger)
+        result.write_to(env_vars, logger)
         return result.decision
 
 
 def _fact_kinds(runtime_env: Mapping[str, Any]) -> frozenset:
     try:
         spec = parse_field(runtime_env.get(FIELD))
-    except Exception:  # validate and apply report a bad field; nothing to probe for it
+    except Exception:  # validate and decide_and_write report a bad field; nothing to probe for it
         return frozenset()
     return fact_kinds(spec.packs)

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .decision import DECISION_VARIABLE, VIA_PLUGIN, Decision
 from .packs import OPTIONAL_PACKS
-from .engines import VARIABLE
+from .engines import CONNECTIONS_VARIABLE
 from .frameworks.loading import ConfigLike
 from .runtime_env import build_runtime_env
 from .spec import Roles, Spec
@@ -90,7 +90,7 @@ class _WorkerView:
     has of every variable a pack reads."""
 
     def view(self, fabric: bool = False) -> Tuple[Optional[str], ...]:
-        seen = (os.environ.get(VARIABLE), os.environ.get(DECISION_VARIABLE))
+        seen = (os.environ.get(CONNECTIONS_VARIABLE), os.environ.get(DECISION_VARIABLE))
         if not fabric:
             return seen
         from .probe import probe_fabric, probe_p2p

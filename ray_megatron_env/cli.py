@@ -15,6 +15,7 @@ import sys
 import textwrap
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ._version import __version__
 from .errors import MegatronEnvError
 
 OK, PROBLEM, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
@@ -165,10 +166,8 @@ def _shipped_package(base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``base`` (a runtime env) with this package's folder added to its
     ``py_modules``: Ray uploads it with the job (from ray.init, or from
     ray job submit), for the driver and the workers on nodes without it."""
-    import ray_megatron_env
-
     env = dict(base or {})
-    folder = os.path.dirname(os.path.abspath(ray_megatron_env.__file__))
+    folder = os.path.dirname(os.path.abspath(__file__))  # the package's folder
     modules = list(env.get("py_modules") or [])
     env["py_modules"] = modules if folder in modules else [*modules, folder]
     return env
@@ -199,11 +198,11 @@ def format_check(reports: List[Any]) -> str:
 def driver_arch_list(reports: Iterable[Any]) -> Optional[str]:
     """Every node's TORCH_CUDA_ARCH_LIST (as the torch-arch pack left it on
     the node's workers) in one list, ascending; None where no node has one."""
-    from .packs.torch_arch import VARIABLE as ARCHS
+    from .packs.torch_arch import ARCH_LIST_VARIABLE
 
     entries = set()
     for r in reports:
-        entry = r.decision.variables.get(ARCHS) if r.decision is not None else None
+        entry = r.decision.variables.get(ARCH_LIST_VARIABLE) if r.decision is not None else None
         if entry is not None and entry.value:
             entries.update(e for e in entry.value.replace(";", " ").split() if e)
 
@@ -258,9 +257,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from .register import VARIABLE, merged_plugins, render
+    from .register import PLUGINS_VARIABLE, merged_plugins, render
 
-    plugins = merged_plugins(os.environ.get(VARIABLE), args.priority)
+    plugins = merged_plugins(os.environ.get(PLUGINS_VARIABLE), args.priority)
     print(render(plugins, args.format))
     return OK
 
@@ -268,7 +267,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_runtime_env(args: argparse.Namespace) -> int:
     from .hook import TAKE_OVER_VARIABLE
     from .job_submission import job_submission_env
-    from .engines import VARIABLE
+    from .engines import CONNECTIONS_VARIABLE
     from .frameworks.loading import load_yaml, to_plain
     from .runtime_env import build_runtime_env, configured_value
 
@@ -281,17 +280,20 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
         base = _shipped_package(base)  # any other base: build_runtime_env says what is wrong
     # read once, for both uses below
     config = to_plain(args.config if args.config is not None else args.command)
+    # The env is the submitted one, not a copy of this shell's environment: the
+    # driver hook looks for the driver's copied values in the job's driver.
     env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over,
-                            packs=_packs(args.packs))
+                            packs=_packs(args.packs), driver_environ={})
     deliberate = configured_value(config) if args.take_over else None
     framework = env["megatron_env"].get("framework")
     if deliberate is not None:
         # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
         # applied by verl's driver in ray.init; a second copy in the job env
         # would make Ray refuse to merge the two. Nothing to take over there.
-        env["env_vars"].pop(VARIABLE, None)
-        print(f"note: the config sets {VARIABLE}={deliberate} itself; verl's driver applies it "
-              "as an explicit value, so the job env leaves it to the driver", file=sys.stderr)
+        env["env_vars"].pop(CONNECTIONS_VARIABLE, None)
+        print(f"note: the config sets {CONNECTIONS_VARIABLE}={deliberate} itself; verl's driver "
+              "applies it as an explicit value, so the job env leaves it to the driver",
+              file=sys.stderr)
     elif args.take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
         # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
         # value in ray.init; the driver hook (which every submitted env
@@ -345,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok; 1 check --strict found a problem, or explain's value breaks "
                "a required rule; 2 bad usage or config; 3 cluster unreachable.")
     parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {__import__('ray_megatron_env').__version__}")
+                        version=f"%(prog)s {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def role_option(p: argparse.ArgumentParser) -> None:
@@ -379,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "without it only GPUs and registration are checked")
     role_option(check)
     check.add_argument("--strict", action="store_true",
-                       help="exit 1 if any node lacks the plugin, does not answer, has a "
+                       help="exit 1 if any node does not answer, gets no decision (neither "
+                            "the plugin nor the job env's setup hook decided there), has a "
                             "failed GPU probe, or breaks a hard requirement")
     check.add_argument("--timeout", type=float, default=60.0,
                        help="seconds to wait for all nodes to answer (60)")

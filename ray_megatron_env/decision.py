@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
-from . import __version__
-from .engines import VARIABLE
+from ._version import __version__
+from .engines import CONNECTIONS_VARIABLE
 from .node import NodeFacts
 from .packs import (
     ALWAYS_ON, CUDA_CONNECTIONS, LEAVE, PREFERRED, REMOVE, REQUIRED, SET, Demand, Outcome,
@@ -28,8 +28,11 @@ from .values import FIELD
 
 DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
 
-# Where a variable's value came from.
+# Where a variable's value came from. DRIVER_ENV: the driver's own value,
+# which a framework copied into env_vars (Spec.driver_env), kept as an
+# inherited value.
 EXPLICIT, POLICY, NODE, NONE = "explicit", "policy", "node", "none"
+DRIVER_ENV = "driver-env"
 VIA_PLUGIN, VIA_SETUP_HOOK = "plugin", "setup-hook"
 # 1: CUDA's answer in top-level keys, other variables under "packs" (0.x).
 # 2: one entry per variable under "variables"; the version-1 keys are still
@@ -47,15 +50,21 @@ class VariableDecision:
     pack: str
     action: str  # set | remove | keep | leave
     value: Optional[str]  # what the worker has; None: unset
-    source: str  # explicit | policy | node | none
+    source: str  # explicit | policy | node | driver-env | none
     strength: str  # required | preferred | none
     rule: str  # the deciding row's id ('+' between several)
     reason: str
     node_value: Optional[str] = None  # inherited from the node's environment
     detail: Dict[str, Any] = field(default_factory=dict)
+    # The driver's own value found in env_vars (Spec.driver_env), decided as
+    # inherited; written into the record only when there was one.
+    driver_value: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "detail"}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("detail", "driver_value")}
+        if self.driver_value is not None:
+            out["driver_value"] = self.driver_value
         return {**out, **self.detail}
 
     @classmethod
@@ -87,7 +96,7 @@ class Decision:
     # release beside ``variables`` (docs/how-it-works.md#the-decision-ray_megatron_env_decision).
     @property
     def cuda(self) -> VariableDecision:
-        return self.variables[VARIABLE]
+        return self.variables[CONNECTIONS_VARIABLE]
 
     @property
     def value(self) -> Optional[str]:
@@ -143,7 +152,7 @@ class Decision:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "variables"}
         out["warnings"] = list(self.warnings)
         out["variables"] = {name: entry.to_dict() for name, entry in self.variables.items()}
-        if VARIABLE in self.variables:
+        if CONNECTIONS_VARIABLE in self.variables:
             out.update(value=self.value, source=self.source, reason=self.reason,
                        requirement=self.requirement, engines=self.engines, rules=self.rules,
                        strengths=self.strengths, because=self.because, conflict=self.conflict,
@@ -158,7 +167,7 @@ class Decision:
         lines = []
         for name, entry in self.variables.items():
             shown = entry.value if entry.value is not None else "unset"
-            if name == VARIABLE:
+            if name == CONNECTIONS_VARIABLE:
                 lines.append((logging.INFO, f"{FIELD}: {name}={shown} (source: {entry.source}; "
                                             f"via: {self.via}; GPUs: {self.gpus}): {self.reason}"))
             else:
@@ -212,7 +221,7 @@ def _version_1_variables(data: Mapping[str, Any]) -> Dict[str, VariableDecision]
                                for i in ids.split("+"))),
         reason, data.get("node_value"),
         {"requirement": requirement, "conflict": bool(data.get("conflict")), "roles": roles})
-    variables = {VARIABLE: cuda}
+    variables = {CONNECTIONS_VARIABLE: cuda}
     for name, entry in (data.get("packs") or {}).items():
         variables[name] = VariableDecision.from_dict(entry)
     return variables
@@ -233,17 +242,24 @@ class Settled:
 
 def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[str, str], *,
            pack: str, framework: Optional[str] = None,
-           default: Optional[str] = None) -> Settled:
+           default: Optional[str] = None, driver_value: Optional[str] = None) -> Settled:
     """The one precedence, for every variable of every pack: the job's own
     ``env_vars`` value is kept (a warning names each demand it breaks),
     except where the outcome removes it; else a value inherited from the
     node is kept where the outcome accepts it and replaced where it does
     not; else the outcome's value is written, or the variable stays unset.
-    ``default`` words the library's own value for an unset variable."""
+    ``default`` words the library's own value for an unset variable.
+
+    ``driver_value`` is the driver's own value that a framework copied into
+    the worker's ``env_vars`` (``split_driver_env``; not in ``env_vars``
+    here): it is the inherited value, in place of the node's."""
     name = outcome.variable
     present = env_vars.get(name)
     explicit = None if present is None or outcome.replaces is not None else str(present)
-    inherited = node_environ.get(name)
+    node_own = node_environ.get(name)
+    inherited = driver_value if driver_value is not None else node_own
+    whose = ("the driver's value {0} (copied into env_vars from the driver's environment)"
+             if driver_value is not None else "the node's value {0}")
     demands = outcome.demands if outcome.demands is not None else _own_demands(outcome, pack)
     accepts = outcome.accepts if outcome.accepts is not None else (
         frozenset({canonical(outcome.value, name)}) if outcome.value is not None else frozenset())
@@ -262,9 +278,19 @@ def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[
             warnings.append(f"explicit {name}={explicit} breaks {kind} of "
                             f"{', '.join(d.who for d in broken)}; kept because env_vars is the "
                             "user's intent")
-    elif inherited is not None and (outcome.action != SET or
-                                    canonical(inherited, name) in accepts):
-        value, source, said = inherited, NODE, f"the node's value {inherited} is kept"
+    elif driver_value is not None and outcome.action == REMOVE:
+        # The copy is the job's env_vars: it can go, and the node's own stays.
+        write, remove = node_own, node_own is None
+        value, source = node_own, NODE if node_own is not None else POLICY
+        said = f"{whose.format(driver_value)} is removed" + (
+            f"; the node's value {node_own} stays" if node_own is not None else "")
+        if node_own is not None:
+            warnings.append(f"{name}={node_own} comes from the node's environment, which a "
+                            f"runtime env cannot unset: {outcome.reason}; unset it where Ray is "
+                            "started")
+    elif inherited is not None and (outcome.action != SET or canonical(inherited, name) in accepts):
+        value, source = inherited, DRIVER_ENV if driver_value is not None else NODE
+        said = f"{whose.format(inherited)} is kept"
         if outcome.action == REMOVE:
             said = f"the node's value {inherited} stays: a runtime env cannot unset it"
             warnings.append(f"{name}={inherited} comes from the node's environment, which a "
@@ -273,7 +299,7 @@ def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[
     elif outcome.action == SET and (inherited is not None or outcome.fill):
         value = write = outcome.value
         source = POLICY
-        said = (f"the node's value {inherited} is replaced by {value}" if inherited is not None
+        said = (f"{whose.format(inherited)} is replaced by {value}" if inherited is not None
                 else f"set to {value}")
     else:
         value, source = None, NONE
@@ -284,7 +310,8 @@ def settle(outcome: Outcome, env_vars: Mapping[str, Any], node_environ: Mapping[
         said = (f"{framework or 'the framework'}'s own {name}={outcome.replaces} for every "
                 f"process is replaced: {said}")
     entry = VariableDecision(pack, outcome.action, value, source, outcome.strength, outcome.rule,
-                             f"{outcome.reason}; {said}.", inherited, dict(outcome.detail))
+                             f"{outcome.reason}; {said}.", node_own, dict(outcome.detail),
+                             driver_value)
     satisfied = all(d.allows(value) for d in demands if d.strength == REQUIRED)
     return Settled(entry, write, remove, tuple(warnings), satisfied)
 
@@ -306,6 +333,20 @@ def _own_demands(outcome: Outcome, pack: str) -> Tuple[Demand, ...]:
                    outcome.variable),)
 
 
+def split_driver_env(spec: Spec, env_vars: Mapping[str, Any]
+                     ) -> Tuple[Mapping[str, Any], Dict[str, str]]:
+    """``env_vars`` without the values the field's ``driver_env`` names
+    (each exactly the driver's own value: a framework's copy of the driver's
+    environment), and those values, by variable. A framework's own blanket
+    value (``replaces``) is left to its own rule."""
+    copied = {name: value for name, value in spec.driver_env
+              if name in env_vars and str(env_vars[name]) == value
+              and not (name == CONNECTIONS_VARIABLE and value == spec.replaces)}
+    if not copied:
+        return env_vars, {}
+    return {k: v for k, v in env_vars.items() if k not in copied}, copied
+
+
 @dataclass(frozen=True)
 class NodeDecision:
     """Everything one worker gets on one node: the decision (the record),
@@ -316,8 +357,8 @@ class NodeDecision:
     write: Dict[str, str]
     remove: Tuple[str, ...]
 
-    def apply(self, env_vars: MutableMapping[str, str],
-              logger: Optional[logging.Logger] = None) -> None:
+    def write_to(self, env_vars: MutableMapping[str, str],
+                 logger: Optional[logging.Logger] = None) -> None:
         """Write the worker's variables into ``env_vars``, and log the
         decision (both ways in do this, the same way)."""
         for name in self.remove:
@@ -347,14 +388,18 @@ def decide_node(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     write: Dict[str, str] = {}
     remove: List[str] = []
     satisfied = True
+    # The driver's copied values: inherited, as if the worker had them from its node.
+    job_vars, copied = split_driver_env(spec, env_vars)
+    seen_environ = {**node_environ, **copied} if copied else node_environ
     for name in (*ALWAYS_ON, *spec.packs):
         pack = get_pack(name)
-        verdict = pack.evaluate(worker, facts, env_vars, node_environ)
+        verdict = pack.evaluate(worker, facts, job_vars, seen_environ)
         warnings.extend(verdict.warnings)
         defaults = dict(pack.defaults)
         for outcome in verdict.outcomes:
-            settled = settle(outcome, env_vars, node_environ, pack=name,
-                             framework=spec.framework, default=defaults.get(outcome.variable))
+            settled = settle(outcome, job_vars, node_environ, pack=name,
+                             framework=spec.framework, default=defaults.get(outcome.variable),
+                             driver_value=copied.get(outcome.variable))
             variables[outcome.variable] = settled.entry
             if settled.write is not None:
                 write[outcome.variable] = settled.write

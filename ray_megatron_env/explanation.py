@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 from .decision import Decision, NodeDecision, decide_node
 from .errors import FieldValueError
-from .engines import VARIABLE
+from .engines import CONNECTIONS_VARIABLE
 from .node import (
     ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeP2P, parse_fake_node, parse_gpu_list,
 )
@@ -85,10 +85,10 @@ def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = Non
     spec = with_packs(spec.narrow(role, known_roles), packs, tp_spans_nodes)
     env_vars = {**(job_env or {}), **(worker_env or {})}
     if explicit is not None:
-        env_vars[VARIABLE] = explicit
+        env_vars[CONNECTIONS_VARIABLE] = explicit
     environ = dict(node_env or {})
     if node_value is not None:
-        environ[VARIABLE] = node_value
+        environ[CONNECTIONS_VARIABLE] = node_value
     facts = node_facts(gpus, node)
     kinds = {kind for name in spec.packs for kind in get_pack(name).fact_kinds}
     if FABRIC in kinds and facts.fabric is None:

@@ -18,6 +18,11 @@ take Megatron's required 1 away.
 Another hook already in use goes in ``RAY_MEGATRON_ENV_NEXT_HOOK``; it runs
 after this one.
 
+A pack variable whose ``env_vars`` value is exactly this driver's own (a
+framework's copy of its environment: NeMo-RL's ``dict(os.environ)``) goes
+into the field's ``driver_env``, so each node decides it as inherited; a
+submitted env's own ``env_vars`` are the user's (``driver_environment``).
+
 In a job from ``ray job submit`` with an env that ``ray-megatron-env
 runtime-env`` wrote, the hook also completes the merge of the submitted env
 with the driver's own ``ray.init`` env (``complete_submitted_env``): the
@@ -35,7 +40,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import EnvironmentVariableError
 from .runtime_env import build_runtime_env
-from .engines import VARIABLE
+from .engines import CONNECTIONS_VARIABLE
 from .values import FIELD
 
 TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"
@@ -190,6 +195,15 @@ def complete_submitted_env(runtime_env: Optional[Dict[str, Any]], job_env: Mappi
     return env
 
 
+def driver_environment(job_env: Optional[Mapping[str, Any]],
+                       environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """This driver's own environment, as a framework copies it into env_vars,
+    less what a submitted job env put there (its ``env_vars`` are in the
+    driver's environment, and they are the user's explicit values)."""
+    given = (job_env or {}).get("env_vars") or {}
+    return {k: v for k, v in environ.items() if _ours(k) or given.get(k) != v}
+
+
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
     job_env = submitted_job_env()
@@ -199,11 +213,13 @@ def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str
     take_over = take_over_requested()
     if runtime_env and runtime_env.get(FIELD) is not None:
         base = {key: value for key, value in runtime_env.items() if key != FIELD}
-        runtime_env = build_runtime_env(runtime_env[FIELD], base=base, take_over=take_over)
-    elif take_over and VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
+        runtime_env = build_runtime_env(runtime_env[FIELD], base=base, take_over=take_over,
+                                        driver_environ=driver_environment(job_env))
+    elif take_over and CONNECTIONS_VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
         logger.warning(
             "%s=1 but the job's runtime env has no %s field: keeping the explicit %s=%s for "
             "every worker, since without the training config nothing can be decided per node",
-            TAKE_OVER_VARIABLE, FIELD, VARIABLE, runtime_env["env_vars"][VARIABLE])
+            TAKE_OVER_VARIABLE, FIELD, CONNECTIONS_VARIABLE,
+            runtime_env["env_vars"][CONNECTIONS_VARIABLE])
     then = next_hook()
     return then(runtime_env) if then is not None else runtime_env

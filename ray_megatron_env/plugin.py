@@ -116,4 +116,4 @@ class MegatronEnvPlugin(_Base):  # type: ignore[misc, valid-type]
 
     def modify_context(self, uris: List[str], runtime_env: Any, context: Any,
                        logger: logging.Logger) -> None:
-        self._node_side().apply(runtime_env, context.env_vars, os.environ, logger)
+        self._node_side().decide_and_write(runtime_env, context.env_vars, os.environ, logger)

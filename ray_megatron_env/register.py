@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 from .errors import RegistrationError
 from .plugin import CLASS_PATH, MegatronEnvPlugin
 
-VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
+PLUGINS_VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
 FORMATS = ("shell", "json", "kuberay", "kuberay-operator")
 
 
@@ -24,10 +24,11 @@ def merged_plugins(existing: Optional[str], priority: Optional[int] = None) -> L
         try:
             plugins = json.loads(existing)
         except ValueError as exc:
-            raise RegistrationError(f"the current {VARIABLE} is not JSON ({exc}); fix or "
+            raise RegistrationError(f"the current {PLUGINS_VARIABLE} is not JSON ({exc}); fix or "
                                   "unset it first, so no plugin in it is lost") from None
         if not isinstance(plugins, list):
-            raise RegistrationError(f"the current {VARIABLE} is not a JSON list: {existing!r}")
+            raise RegistrationError(f"the current {PLUGINS_VARIABLE} is not a JSON list: "
+                                    f"{existing!r}")
     if priority is not None and not 0 <= priority <= 100:
         raise RegistrationError(f"--priority must be from 0 to 100 (Ray's range), got {priority}")
     ours: Dict[str, Any] = {"class": CLASS_PATH}
@@ -42,7 +43,7 @@ def render(plugins: List[Dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
         return value
     if fmt == "shell":
-        return f"export {VARIABLE}={shlex.quote(value)}"
+        return f"export {PLUGINS_VARIABLE}={shlex.quote(value)}"
     if fmt == "kuberay":
         # JSON is valid YAML: a quoted scalar survives any indentation.
         return "\n".join([
@@ -50,7 +51,7 @@ def render(plugins: List[Dict[str, Any]], fmt: str) -> str:
             f"# (plugin: {CLASS_PATH}; without a priority in the list, its class's "
             f"{MegatronEnvPlugin.priority} applies)",
             "env:",
-            f"  - name: {VARIABLE}",
+            f"  - name: {PLUGINS_VARIABLE}",
             f"    value: {json.dumps(value)}",
         ])
     if fmt == "kuberay-operator":
@@ -69,7 +70,7 @@ def render(plugins: List[Dict[str, Any]], fmt: str) -> str:
             "configuration:",
             "  enabled: true",
             "  defaultContainerEnvs:",
-            f"    - name: {VARIABLE}",
+            f"    - name: {PLUGINS_VARIABLE}",
             f"      value: {json.dumps(value)}",
         ])
     raise RegistrationError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

@@ -11,14 +11,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
-from .engines import VARIABLE
-from .errors import FieldValueError
+from .decision import split_driver_env
+from .engines import ALWAYS_ON, CONNECTIONS_VARIABLE, PACK_NAMES
+from .errors import EnvironmentVariableError, FieldValueError
+from .frameworks.compact import MAX_DRIVER_VALUE
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
-from .packs import read_packs
+from .packs import get_pack
+from .spec import read_packs
 from .packs.connections import explicit_value, hard_conflict_everywhere
-from .spec import Roles, Spec
+from .spec import Roles, Spec, read_packs
 from .values import FIELD, fail_type, lookup
 from .worker import add_setup_hook
 
@@ -28,7 +31,8 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
                       base: Optional[Mapping[str, Any]] = None,
                       take_over: bool = False,
                       packs: Optional[Sequence[str]] = None,
-                      tp_spans_nodes: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+                      tp_spans_nodes: Optional[Sequence[str]] = None,
+                      driver_environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """A new runtime env: ``base`` (copied, never modified) plus the field.
 
     ``config`` is a verl-layout config (``DictConfig``, dict, or the path of
@@ -46,6 +50,14 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     spans nodes, which the ``nccl-fabric`` pack reads. Both add to what a
     compact-form config says itself.
 
+    A value of a decided variable in ``base``'s ``env_vars`` that equals the
+    driver's own (``driver_environ``, default this process's ``os.environ``)
+    is a framework's copy of the driver's environment (NeMo-RL's
+    ``dict(os.environ)``): the field lists it under ``driver_env`` and each
+    node decides it as an inherited value, except the variables named in
+    the driver's ``RAY_MEGATRON_ENV_EXPLICIT`` (``*``: all). ``{}`` turns
+    this off.
+
     Raises ``TypeError``/``ValueError`` (``MegatronEnvError``) naming the bad
     key before anything is scheduled.
     """
@@ -56,13 +68,57 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     _refuse_exclusive_fields(env)
     if take_over:
         _take_over(env, plain)
-    explicit_value(env.get("env_vars"))
     spec = spec.narrow(role, known_roles)
+    deliberate = (CONNECTIONS_VARIABLE,) if take_over and configured_value(plain) is not None else ()
+    spec = dataclasses.replace(spec, driver_env=driver_copies(
+        spec, env.get("env_vars"), os.environ if driver_environ is None else driver_environ,
+        keep=deliberate))
+    env_vars = env.get("env_vars")
+    explicit_value(split_driver_env(spec, env_vars)[0] if isinstance(env_vars, Mapping)
+                   else env_vars)
     _refuse_a_conflict_on_every_gpu(spec)
     env[FIELD] = spec.to_field()
     add_setup_hook(env)
     _warn_if_driver_hook_skipped()
     return env
+
+
+# The driver's list of variables whose copied value stays the job's explicit
+# one (docs/field.md#the-drivers-environment-in-env_vars).
+EXPLICIT_VARIABLE = "RAY_MEGATRON_ENV_EXPLICIT"
+ALL_VARIABLES = "*"
+
+
+def stated_explicit(environ: Mapping[str, str]) -> FrozenSet[str]:
+    """The variables ``RAY_MEGATRON_ENV_EXPLICIT`` names (comma or space
+    separated; ``*`` for every pack variable), each checked."""
+    known = [v for name in PACK_NAMES for v in get_pack(name).variables]
+    names = environ.get(EXPLICIT_VARIABLE, "").replace(",", " ").split()
+    if ALL_VARIABLES in names:
+        return frozenset(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise EnvironmentVariableError(
+            f"{EXPLICIT_VARIABLE}={environ[EXPLICIT_VARIABLE]!r} names {', '.join(unknown)}, "
+            f"which no pack decides; use {ALL_VARIABLES} or names from: {', '.join(known)}")
+    return frozenset(names)
+
+
+def driver_copies(spec: Spec, env_vars: Any, environ: Mapping[str, str],
+                  keep: Sequence[str] = ()) -> Tuple[Tuple[str, str], ...]:
+    """``spec.driver_env`` with the variables of the job's packs whose
+    ``env_vars`` value is exactly ``environ``'s (the driver's), less those
+    ``RAY_MEGATRON_ENV_EXPLICIT`` or ``keep`` name. Only what the job
+    decides is listed; every other variable stays as it is."""
+    explicit = stated_explicit(environ) | frozenset(keep)
+    found = dict(spec.driver_env)
+    if isinstance(env_vars, Mapping):
+        for name in (v for p in (*ALWAYS_ON, *spec.packs) for v in get_pack(p).variables):
+            mine = environ.get(name)
+            if mine is not None and name in env_vars and str(env_vars[name]) == mine \
+                    and "$" not in mine and len(mine) <= MAX_DRIVER_VALUE:
+                found[name] = mine
+    return tuple(sorted((n, v) for n, v in found.items() if n not in explicit))
 
 
 # Ray refuses any field beside these two but a few of its own
@@ -82,7 +138,7 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
                 "could reach the workers. Instead: run the image as the nodes' own image "
                 "with the package installed (the plugin registered there, or the field's "
                 "setup hook from a job env without image_uri), or set "
-                f"{VARIABLE} per role yourself from 'ray-megatron-env explain'")
+                f"{CONNECTIONS_VARIABLE} per role yourself from 'ray-megatron-env explain'")
 
 
 
@@ -113,8 +169,8 @@ def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str
     if not under_uv:
         return None
     return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
-            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {VARIABLE} in ray.init is "
-            "not taken over and a raw megatron_env field is not checked. Pass "
+            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {CONNECTIONS_VARIABLE} in "
+            "ray.init is not taken over and a raw megatron_env field is not checked. Pass "
             "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
 
 
@@ -154,16 +210,16 @@ def _refuse_a_conflict_on_every_gpu(spec: Spec) -> None:
 
 def configured_value(config: ConfigLike) -> Optional[Any]:
     """The value the user set in a verl config's own worker env vars, if any."""
-    return lookup(to_plain(config), f"{USER_ENV_VARS}.{VARIABLE}", strict=False)[1]
+    return lookup(to_plain(config), f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", strict=False)[1]
 
 
 def _take_over(env: Dict[str, Any], plain: Mapping[str, Any]) -> None:
     env_vars = env.get("env_vars")
     if isinstance(env_vars, dict):
-        env_vars.pop(VARIABLE, None)
+        env_vars.pop(CONNECTIONS_VARIABLE, None)
     deliberate = configured_value(plain)
     if deliberate is not None:
-        env.setdefault("env_vars", {})[VARIABLE] = deliberate
+        env.setdefault("env_vars", {})[CONNECTIONS_VARIABLE] = deliberate
 
 
 def plain_runtime_env(base: Optional[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .engines import (
-    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_FLEX_BACKENDS, PIPELINE_BACKENDS,
+    ALWAYS_ON, CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
+    MEGATRON, MEGATRON_FLEX_BACKENDS, PACK_NAMES, PIPELINE_BACKENDS,
 )
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
@@ -257,10 +257,16 @@ class Spec:
     # for, and the roles whose tensor parallel group spans nodes.
     packs: Tuple[str, ...] = ()
     tp_spans_nodes: Tuple[str, ...] = ()
+    # (variable, value) pairs of the packs' variables that the job's env_vars
+    # carry with exactly the driver process's own value: a framework's copy of
+    # the driver's environment (NeMo-RL's init_ray: env_vars = dict(os.environ)),
+    # decided as an inherited value, not kept as the job's explicit one.
+    driver_env: Tuple[Tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, engines: Mapping[str, Engine], **kw: Any) -> "Spec":
         kw["omitted"] = tuple(sorted(dict(kw.get("omitted", ())).items()))
+        kw["driver_env"] = tuple(sorted(dict(kw.get("driver_env", ())).items()))
         return cls(tuple(sorted(engines.items())), **kw)
 
     def roles(self) -> Tuple[str, ...]:
@@ -286,11 +292,14 @@ class Spec:
             out["packs"] = list(self.packs)
         if self.tp_spans_nodes:
             out["tp_spans_nodes"] = list(self.tp_spans_nodes)
+        if self.driver_env:
+            out["driver_env"] = dict(self.driver_env)
         return out
 
     def _job_wide(self) -> Dict[str, Any]:
         """What every narrower spec of this job keeps."""
-        return {"packs": self.packs, "tp_spans_nodes": self.tp_spans_nodes}
+        return {"packs": self.packs, "tp_spans_nodes": self.tp_spans_nodes,
+                "driver_env": self.driver_env}
 
     def narrow(self, roles: Roles, known_roles: Iterable[str] = ()) -> "Spec":
         """Keep only the given roles' engines (``None`` keeps all). A runtime
@@ -356,3 +365,12 @@ class Spec:
             return (self,)
         kinds = [self.for_process({rule.variable: rule.prefix})[0] for rule in self.processes]
         return tuple(kinds) + (self.for_process({})[0],)
+
+
+def read_packs(value: Any, key: str = "packs") -> Tuple[str, ...]:
+    """A job's pack list, checked: names of optional packs, sorted, once each.
+    ``cuda-connections`` is always on and may be named."""
+    if isinstance(value, str):
+        value = [value]
+    names = read_names(value, key, PACK_NAMES, "pack", "known packs")
+    return tuple(sorted({v for v in names if v not in ALWAYS_ON}))

@@ -267,7 +267,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
         return None
     from .decision import VIA_SETUP_HOOK, decide_node
     from .errors import FieldValueError
-    from .field import parse_field
+    from .frameworks import parse_field
     from .node import FABRIC, P2P, NodeFacts
     from .packs import fact_kinds
     from .probe import probe_fabric, probe_gpus, probe_p2p
@@ -297,7 +297,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
                     if node_environ.get(k) != v or given.get(k) == v}
     before = dict(env_vars)
     result = decide_node(spec, facts, env_vars, node_environ or {}, via=VIA_SETUP_HOOK)
-    result.apply(env_vars, logger)
+    result.write_to(env_vars, logger)
     for key in set(before) | set(env_vars):
         if key in env_vars:
             environ[key] = env_vars[key]

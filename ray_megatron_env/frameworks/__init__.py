@@ -1,50 +1,105 @@
-"""Framework readers, and the registry that says which one a config is for.
+"""The ``megatron_env`` field, read: one parser for driver, agent and worker.
+
+``parse_field`` is the single entry point for a raw field value. The driver
+helper, the ``RAY_RUNTIME_ENV_HOOK`` hook, the plugin in every node's agent
+and the setup hook in a worker all call it, so a value accepted on the
+driver is accepted on the node, and a bad one gets the same message in both
+places. It checks the value's size and depth, then asks the registry below
+which layout it is in.
 
 Each reader turns one framework's own config layout into a ``Spec``. A
 config is read by the compact form when it has ``engines`` or ``version``;
 otherwise by the one reader whose marker keys it has. None, or more than
 one, is an error that names each reader's markers and the keys that
 decided, so a misspelt key is pointed out rather than guessed around.
+
+A reader module (``verl``, ``nemo_rl``, ...) takes ``Reader`` from
+``.reader``, below it, never from here: this registry imports the readers.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Tuple
+import json
+from typing import Any, Mapping, Tuple
 
-from ..errors import FieldValueError
+from ..engines import ALWAYS_ON
+from ..errors import FieldTypeError, FieldValueError
 from ..spec import Spec
-from ..values import FIELD, fail_type, lookup
+from ..values import FIELD, fail_type
 from .compact import is_compact, read_compact
+from .reader import Reader
+
+# A full verl config is about 28 KB of JSON. Ray's raylet refuses to send the
+# agent a runtime env over 1 MiB (HTTP 413, measured on Ray 2.60), so the cap
+# sits well below that: the user gets this package's message, not the 413.
+MAX_FIELD_BYTES = 512 * 1024
+# verl's configs nest about 8 levels deep.
+MAX_DEPTH = 32
 
 
-@dataclass(frozen=True)
-class Reader:
-    """One framework's layout: how to recognise it and how to read it."""
-
-    name: str
-    markers: Tuple[str, ...]  # dotted paths; any one present says "this layout"
-    read: Callable[[Mapping[str, Any]], Spec]
-    roles: Tuple[str, ...]  # every role name the layout can have
-    paths: Tuple[str, ...]  # every dotted path it reads (what a DictConfig must resolve)
-    # A config given as something other than a mapping (slime's argument
-    # list) -> a mapping, or None when it is not this framework's.
-    convert: Optional[Callable[[Any], Optional[Mapping[str, Any]]]] = None
-    # A YAML file whose layout composes several files (NeMo-RL's defaults:
-    # chain): (path, the file as loaded) -> the composed config, or None.
-    compose: Optional[Callable[[str, Any], Optional[Any]]] = None
-    # Layouts of this framework that no reader reads: (top-level keys that
-    # all say "this layout", what to do instead), for the unknown-layout error.
-    unsupported: Tuple[Tuple[Tuple[str, ...], str], ...] = ()
-
-    def evidence(self, config: Mapping[str, Any]) -> Tuple[str, ...]:
-        return tuple(marker for marker in self.markers if has_path(config, marker))
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise FieldValueError(f"{FIELD}: the value is nested more than {MAX_DEPTH} levels "
+                                  "deep; a training config is not")
+        children = node.values() if isinstance(node, Mapping) else (
+            node if isinstance(node, (list, tuple)) else ())
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (Mapping, list, tuple)))
 
 
-def has_path(config: Mapping[str, Any], path: str) -> bool:
-    return lookup(config, path, strict=False)[0]
+def field_size(value: Any) -> int:
+    """Bytes of the value as compact JSON, or a clear error if it is not JSON."""
+    try:
+        return len(json.dumps(value, separators=(",", ":"), allow_nan=False))
+    except RecursionError:
+        raise FieldValueError(f"{FIELD}: the value is nested too deeply to be a config") from None
+    except TypeError as exc:
+        raise FieldTypeError(f"{FIELD}: the value is not JSON-serialisable ({exc}); pass a "
+                             "plain dict, or use build_runtime_env for a DictConfig") from None
+    except ValueError as exc:
+        raise FieldValueError(f"{FIELD}: the value is not valid JSON ({exc})") from None
+
+
+def parse_field(value: Any) -> Spec:
+    """Parse a raw ``megatron_env`` value (a framework's config or the compact form)."""
+    return read_field(value)[0]
+
+
+def read_field(value: Any) -> Tuple[Spec, Tuple[str, ...]]:
+    """``parse_field``, and the role names the value's layout knows."""
+    if not isinstance(value, Mapping):
+        raise fail_type("the field", "a mapping (a framework's config or the compact form)",
+                        value)
+    _check_depth(value)
+    size = field_size(value)
+    if size > MAX_FIELD_BYTES:
+        raise FieldValueError(
+            f"{FIELD}: the value is {size} bytes of JSON; the limit is {MAX_FIELD_BYTES}. A "
+            "training config is about 30 KB, and the compact form that build_runtime_env "
+            "ships is a few hundred bytes"
+        )
+    spec, roles = read_config(value)
+    _check_driver_env(spec)
+    return spec, roles
+
+
+def _check_driver_env(spec: Spec) -> None:
+    """Each ``driver_env`` variable must be one the job's packs decide
+    (checked here, above the packs; the compact reader sits below them)."""
+    if not spec.driver_env:
+        return
+    from ..packs import get_pack
+
+    owned = [v for name in (*ALWAYS_ON, *spec.packs) for v in get_pack(name).variables]
+    for name, _ in spec.driver_env:
+        if name not in owned:
+            raise FieldValueError(f"{FIELD}: driver_env names {name!r}, which no pack of this "
+                                  f"job decides; its packs' variables: {', '.join(owned)}")
 
 
 def readers() -> Tuple[Reader, ...]:

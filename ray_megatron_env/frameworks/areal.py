@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, VARIABLE
+from ..engines import FSDP, INFERENCE, MEGATRON, CONNECTIONS_VARIABLE
 from ..spec import Engine, ProcessRule, Spec
 from ..values import (FIELD, MAX_PARALLEL_SIZE, fail_type, lookup, parse_connections, read_flag,
                       read_name, show)
-from . import Reader
+from .reader import Reader
 
 FRAMEWORK = "areal"
 TRAIN_ROLES = ("actor", "critic", "ref", "teacher")
@@ -351,8 +351,8 @@ def _warn_without_ray(config: Mapping[str, Any]) -> None:
         warnings.warn(
             f"{FIELD}: {SCHEDULER_TYPE} is {scheduler!r}: AReaL's {scheduler} scheduler "
             "starts its workers without Ray, so no Ray runtime env reaches them and they keep "
-            f"AReaL's {VARIABLE}=1; run with scheduler.type=ray (or the Ray launcher) for "
-            "the field to apply", UserWarning, stacklevel=2)
+            f"AReaL's {CONNECTIONS_VARIABLE}=1; run with scheduler.type=ray (or the Ray launcher) "
+            "for the field to apply", UserWarning, stacklevel=2)
 
 
 def _refuse_a_misspelt_section(config: Mapping[str, Any]) -> None:
@@ -405,10 +405,10 @@ def _user_values(config: Mapping[str, Any]) -> Dict[str, str]:
                 continue
             if not isinstance(env_vars, Mapping):
                 raise fail_type(f"{where}.env_vars", "a mapping", env_vars)
-            if VARIABLE in env_vars:
-                key = f"{where}.env_vars.{VARIABLE}"
-                parse_connections(env_vars[VARIABLE], key)
-                keys[key] = env_vars[VARIABLE]
+            if CONNECTIONS_VARIABLE in env_vars:
+                key = f"{where}.env_vars.{CONNECTIONS_VARIABLE}"
+                parse_connections(env_vars[CONNECTIONS_VARIABLE], key)
+                keys[key] = env_vars[CONNECTIONS_VARIABLE]
     return keys
 
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..packs import read_packs
 from ..spec import (
     CHOICES, FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec,
-    read_checks, read_note,
-    resolve_kind,
+    read_checks, read_note, read_packs, resolve_kind,
 )
 from ..values import (
     FIELD, fail_type, parse_connections, read_flag, read_name, read_size, read_token,
@@ -23,7 +21,10 @@ MAX_ENGINES = 64
 MAX_PROCESS_RULES = 16
 ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks", *CHOICES)
 TOP_KEYS = ("version", "framework", "engines", "omitted", "processes", "others", "replaces",
-            "packs", "tp_spans_nodes")
+            "packs", "tp_spans_nodes", "driver_env")
+# An env var's value as the driver copied it; '$' is refused because Ray
+# expands $VAR in env_vars values when it starts a worker.
+MAX_DRIVER_VALUE = 4096
 _RULE_KEYS = ("roles", "variable", "prefix")
 
 
@@ -58,14 +59,33 @@ def read_compact(value: Mapping[str, Any]) -> Spec:
     framework = value.get("framework")
     if framework is not None:
         framework = read_name(framework, "framework")
+    packs = read_packs(value.get("packs", ()))
     return Spec.of(parsed, framework=framework,
                    omitted=_read_omitted(value.get("omitted"), parsed),
                    processes=_read_processes(value.get("processes"), parsed),
                    others=_read_roles(value.get("others"), "others", parsed),
                    replaces=_read_replaces(value.get("replaces")),
-                   packs=read_packs(value.get("packs", ())),
+                   packs=packs, driver_env=read_driver_env(value.get("driver_env"), packs),
                    tp_spans_nodes=_read_roles(value.get("tp_spans_nodes"), "tp_spans_nodes",
                                               parsed) or ())
+
+
+def read_driver_env(raw: Any, packs: Tuple[str, ...]) -> Tuple[Tuple[str, str], ...]:
+    """``driver_env``: variable -> the driver's own value, for variables of
+    the job's packs (``cuda-connections`` and ``packs``)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise fail_type("driver_env", "a mapping of variable -> the driver's value", raw)
+    # Which pack owns each name is checked where the packs are known
+    # (frameworks.read_field): the packs sit above the readers.
+    out = []
+    for name, text in raw.items():
+        if not isinstance(text, str) or len(text) > MAX_DRIVER_VALUE or "$" in text:
+            raise fail_type(f"driver_env.{name}", f"a string of at most {MAX_DRIVER_VALUE} "
+                            "characters without '$'", text)
+        out.append((name, text))
+    return tuple(sorted(out))
 
 
 def _read_replaces(raw: Any) -> Optional[str]:

@@ -17,12 +17,11 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..engines import VARIABLE
+from ..engines import CONNECTIONS_VARIABLE
 from ..errors import FieldValueError
-from ..field import read_field
 from ..spec import Spec
 from ..values import FIELD, fail_type
-from . import all_paths, compose_yaml, read_config, to_mapping
+from . import all_paths, compose_yaml, read_config, read_field, to_mapping
 
 # Where a verl user sets their own worker env vars (merged by verl's driver
 # over its defaults): a value for the variable there is deliberate.
@@ -216,7 +215,7 @@ def _pluck(tree: Any) -> Dict[str, Any]:
                            for key, section in tree.top_keys().items()}
     markers, paths = all_paths()
     unresolved: Optional[FieldValueError] = None
-    for path in (*paths, f"{USER_ENV_VARS}.{VARIABLE}", *markers):
+    for path in (*paths, f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", *markers):
         parts = path.split(".")
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])

@@ -19,10 +19,13 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK
+from ..engines import (
+    DISPATCHER_KEYS, FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK, MOE_OVERLAP_KEY,
+    PIPELINE_BACKEND_KEY,
+)
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
-from ..values import FIELD, fail_type, read_flag, read_name, read_size, show
-from . import Reader
+from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
+from .reader import Reader
 
 FRAMEWORK = "nemo-rl"
 
@@ -49,27 +52,24 @@ _SIZES = (
     ("context_parallel", "context_parallel_size"),
     ("expert_parallel", "expert_model_parallel_size"),
 )
-# The MoE dispatcher: first-class megatron_cfg keys that NeMo-RL copies onto
-# the model config (nemo_rl/models/megatron/setup.py; type defaults to
-# "allgather", moe_flex_dispatcher_backend is optional).
-_DISPATCHER_KEYS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
-                    "moe_enable_deepep")
+# The MoE dispatcher (DISPATCHER_KEYS): first-class megatron_cfg keys that
+# NeMo-RL copies onto the model config (nemo_rl/models/megatron/setup.py; type
+# defaults to "allgather", moe_flex_dispatcher_backend is optional).
 # ``megatron_cfg.model_overrides`` can set any field of the Megatron-Bridge
 # model provider: setup_model_config merges it into the provider
 # (_merge_model_overrides) before NeMo-RL's first-class settings, and Bridge
 # hands the provider's fields to Megatron-Core (training/initialize.py passes
 # pipeline_model_parallel_comm_backend to initialize_model_parallel). Two
-# rule inputs have no first-class key and are read from it:
+# rule inputs have no first-class key and are read from it (MOE_OVERLAP_KEY
+# and PIPELINE_BACKEND_KEY):
 MODEL_OVERRIDES = "model_overrides"
-_OVERRIDE_FLAGS = ("overlap_moe_expert_parallel_comm",)
-_OVERRIDE_BACKEND = "pipeline_model_parallel_comm_backend"
 # The rest have first-class keys, and NeMo-RL refuses them in model_overrides
 # (_validate_model_override_conflicts: any MegatronConfig field, or any key
 # megatron_cfg holds, raises ValueError naming both paths). The ones a row
 # reads are refused here the same way.
-FIRST_CLASS = (*(key for _, key in _SIZES), *_DISPATCHER_KEYS)
-MOE_OVERLAP = f"{MODEL_OVERRIDES}.overlap_moe_expert_parallel_comm"
-_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), *_DISPATCHER_KEYS, MODEL_OVERRIDES)
+FIRST_CLASS = (*(key for _, key in _SIZES), *DISPATCHER_KEYS)
+MOE_OVERLAP = f"{MODEL_OVERRIDES}.{MOE_OVERLAP_KEY}"
+_MEGATRON_KEYS = ("enabled", *(key for _, key in _SIZES), *DISPATCHER_KEYS, MODEL_OVERRIDES)
 _DTENSOR_KEYS = ("enabled", "_v2")
 
 # policy.generation.backend -> the engine name this package knows it by.
@@ -130,7 +130,7 @@ def read_nemo_rl(config: Mapping[str, Any]) -> Spec:
     """Engines of a NeMo-RL config (a plain, resolved mapping)."""
     engines: Dict[str, Engine] = {}
     for role, path in SECTIONS:
-        engine = _read_model(_lookup(config, path), path)
+        engine = _read_model(lookup(config, path)[1], path)
         if engine is not None:
             engines[role] = engine
     if engines.get("reward_model", Engine("fsdp2", FSDP)).kind == MEGATRON:
@@ -161,19 +161,6 @@ def read_nemo_rl(config: Mapping[str, Any]) -> Spec:
     return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
                    processes=processes, others=others)
 
-
-def _lookup(config: Any, path: str) -> Any:
-    """The value at a dotted path, or None when any part is absent or null."""
-    node = config
-    walked: List[str] = []
-    for part in path.split("."):
-        if node is None:
-            return None
-        if not isinstance(node, Mapping):
-            raise fail_type(".".join(walked), "a mapping", node)
-        node = node.get(part)
-        walked.append(part)
-    return node
 
 
 def _read_teachers(value: Any) -> Dict[str, Engine]:
@@ -264,13 +251,13 @@ def _read_overrides(overrides: Any, where: str, cfg_path: str) -> Dict[str, Any]
                               "_validate_model_override_conflicts): set the first-class field "
                               "instead")
     settings: Dict[str, Any] = {}
-    flag = overrides.get("overlap_moe_expert_parallel_comm")
+    flag = overrides.get(MOE_OVERLAP_KEY)
     if flag is not None:
-        settings["moe_overlap"] = read_flag(flag, f"{where}.overlap_moe_expert_parallel_comm")
-    backend = overrides.get(_OVERRIDE_BACKEND)
+        settings["moe_overlap"] = read_flag(flag, f"{where}.{MOE_OVERLAP_KEY}")
+    backend = overrides.get(PIPELINE_BACKEND_KEY)
     if backend is not None:
         settings["pipeline_backend"] = read_pipeline_backend(backend,
-                                                             f"{where}.{_OVERRIDE_BACKEND}")
+                                                             f"{where}.{PIPELINE_BACKEND_KEY}")
     return settings
 
 
@@ -279,7 +266,7 @@ def _dispatcher(cfg: Mapping[str, Any], over: Mapping[str, Any], path: str,
     """DeepEP or HybridEP when the engine runs the flex dispatcher; a
     generation config's own value wins, as for the sizes."""
     values, keys = [], []
-    for key in _DISPATCHER_KEYS:
+    for key in DISPATCHER_KEYS:
         source, where = (over, over_path) if key in over else (cfg, path)
         values.append(source.get(key))
         keys.append(f"{where}.{key}")
@@ -288,7 +275,7 @@ def _dispatcher(cfg: Mapping[str, Any], over: Mapping[str, Any], path: str,
 
 def _read_generation(config: Mapping[str, Any], policy: Engine,
                      omitted: Dict[str, str]) -> Optional[Tuple[Engine, str]]:
-    generation = _lookup(config, "policy.generation")
+    generation = lookup(config, "policy.generation")[1]
     if generation is None:
         return None  # SFT, DPO, RM: no generation engine
     if not isinstance(generation, Mapping):
@@ -300,7 +287,7 @@ def _read_generation(config: Mapping[str, Any], policy: Engine,
         if backend == "trtllm":
             # TRTLLMGeneration indexes trtllm_cfg.tensor_parallel_size; the
             # nccl-fabric pack compares it with each node's GPU count.
-            size = _lookup(config, TRTLLM_TP)
+            size = lookup(config, TRTLLM_TP)[1]
             return Engine(name, INFERENCE, tensor_parallel=1 if size is None
                           else read_size(size, TRTLLM_TP)), backend
         return Engine(name, INFERENCE), backend
@@ -312,7 +299,7 @@ def _read_generation(config: Mapping[str, Any], policy: Engine,
                               ".enabled is not true; Megatron generation runs the policy's "
                               "Megatron model")
     colocated_key = "policy.generation.colocated.enabled"
-    colocated = read_flag(_lookup(config, colocated_key), colocated_key)
+    colocated = read_flag(lookup(config, colocated_key)[1], colocated_key)
     over = generation.get(MCORE_GENERATION)
     over_path = f"policy.generation.{MCORE_GENERATION}"
     if over is not None and not isinstance(over, Mapping):
@@ -338,7 +325,7 @@ def _read_generation(config: Mapping[str, Any], policy: Engine,
 def _read_opd_teachers(config: Mapping[str, Any], policy: Engine) -> Dict[str, Engine]:
     """The Megatron teachers of on-policy distillation with non-colocated
     teachers, one per distinct teacher model, as NeMo-RL builds them."""
-    opd = _lookup(config, OPD)
+    opd = lookup(config, OPD)[1]
     if opd is None:
         return {}
     if not isinstance(opd, Mapping):

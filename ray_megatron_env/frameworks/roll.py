@@ -33,11 +33,11 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, VARIABLE
+from ..engines import FSDP, INFERENCE, MEGATRON, CONNECTIONS_VARIABLE
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
 from ..values import (FIELD, fail_type, parse_connections, read_flag, read_name, read_size,
                       read_token, show)
-from . import Reader
+from .reader import Reader
 
 FRAMEWORK = "roll"
 MARKER_VARIABLE = "CLUSTER_NAME"
@@ -217,8 +217,8 @@ def _check_user_value(envs: Any, key: str) -> None:
         return
     if not isinstance(envs, Mapping):
         raise fail_type(key, "a mapping of environment variables", envs)
-    if VARIABLE in envs:
-        parse_connections(envs[VARIABLE], f"{key}.{VARIABLE}")
+    if CONNECTIONS_VARIABLE in envs:
+        parse_connections(envs[CONNECTIONS_VARIABLE], f"{key}.{CONNECTIONS_VARIABLE}")
 
 
 def _engine(section: Mapping[str, Any], role: str) -> Optional[Engine]:

@@ -40,7 +40,7 @@ from ..engines import (DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY,
                        INFERENCE, MEGATRON, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY)
 from ..spec import Engine, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
-from . import Reader
+from .reader import Reader
 
 FRAMEWORK = "skyrl"
 SFT_FRAMEWORK = "skyrl-sft"

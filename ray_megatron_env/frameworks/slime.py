@@ -36,10 +36,13 @@ import warnings
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK, VARIABLE
+from ..engines import (
+    DISPATCHER_KEYS, DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE,
+    MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, CONNECTIONS_VARIABLE, PIPELINE_BACKEND_KEY,
+)
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
 from ..values import FIELD, fail_type, parse_connections, read_flag, read_name, read_size
-from . import Reader
+from .reader import Reader
 
 NAME = "slime"
 ROLES = ("actor", "critic", "rollout")
@@ -68,7 +71,7 @@ FLAG_KEYS = (
     ("torch_fsdp2", "use_torch_fsdp2"),
     ("megatron_fsdp", "use_megatron_fsdp"),
     ("megatron_fsdp", "use_custom_fsdp"),
-    ("moe_overlap", "overlap_moe_expert_parallel_comm"),
+    ("moe_overlap", MOE_OVERLAP_KEY),
 )
 
 # A variable slime puts in the SGLang engine actors' own runtime_env and in no
@@ -132,20 +135,18 @@ _OPTIONS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("use_torch_fsdp2", "--use-torch-fsdp2", {"action": "store_true", "default": False}),
     ("use_megatron_fsdp", "--use-megatron-fsdp", {"action": "store_true", "default": False}),
     ("use_custom_fsdp", "--use-custom-fsdp", {"action": "store_true", "default": False}),
-    ("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm",
+    (MOE_OVERLAP_KEY, "--overlap-moe-expert-parallel-comm",
      {"action": "store_true", "default": False}),
-    ("moe_token_dispatcher_type", "--moe-token-dispatcher-type", {"default": "allgather"}),
-    ("moe_flex_dispatcher_backend", "--moe-flex-dispatcher-backend", {"default": "deepep"}),
-    ("moe_enable_deepep", "--moe-enable-deepep", {"action": "store_true", "default": False}),
-    ("pipeline_model_parallel_comm_backend", "--pipeline-model-parallel-comm-backend",
+    (DISPATCHER_TYPE_KEY, "--moe-token-dispatcher-type", {"default": "allgather"}),
+    (FLEX_BACKEND_KEY, "--moe-flex-dispatcher-backend", {"default": "deepep"}),
+    (ENABLE_DEEPEP_KEY, "--moe-enable-deepep", {"action": "store_true", "default": False}),
+    (PIPELINE_BACKEND_KEY, "--pipeline-model-parallel-comm-backend",
      {"default": None}),
 )
-# The MoE dispatcher and the pipeline backend, which slime passes straight to
-# Megatron-LM (megatron/training/arguments.py, then TransformerConfig and
+# The MoE dispatcher and the pipeline backend (engines' DISPATCHER_KEYS and
+# PIPELINE_BACKEND_KEY), which slime passes straight to Megatron-LM
+# (megatron/training/arguments.py, then TransformerConfig and
 # initialize_model_parallel).
-DISPATCHER_KEYS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
-                   "moe_enable_deepep")
-PIPELINE_BACKEND_KEY = "pipeline_model_parallel_comm_backend"
 _MEGATRON_KEYS = ({key for _, key in SIZE_KEYS} | {key for _, key in FLAG_KEYS}
                   | set(DISPATCHER_KEYS) | {PIPELINE_BACKEND_KEY})
 # Options only slime defines: one of them is what makes a list slime's.
@@ -201,10 +202,10 @@ def _train_env_value(env: Any) -> Optional[str]:
         return None
     if not isinstance(env, Mapping):
         raise fail_type(TRAIN_ENV_VARS, "a JSON object of environment variables", env)
-    if VARIABLE not in env:
+    if CONNECTIONS_VARIABLE not in env:
         return None
-    parse_connections(env[VARIABLE], f"{TRAIN_ENV_VARS}.{VARIABLE}")
-    return env[VARIABLE]
+    parse_connections(env[CONNECTIONS_VARIABLE], f"{TRAIN_ENV_VARS}.{CONNECTIONS_VARIABLE}")
+    return env[CONNECTIONS_VARIABLE]
 
 
 def _train_engine(config: Mapping[str, Any]) -> Engine:

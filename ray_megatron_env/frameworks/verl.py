@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import ENGINE_KINDS, INFERENCE, MEGATRON
+from ..engines import DISPATCHER_KEYS, ENGINE_KINDS, INFERENCE, MEGATRON, MOE_OVERLAP_KEY
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
 from ..values import FIELD, fail_type, lookup, not_a_mapping, read_flag, read_name, read_size
-from . import Reader
+from .reader import Reader
 
 VERSIONS = "verl 0.9.1 (and verl-project/verl 1dda039b)"
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model", "teacher")
@@ -56,8 +56,7 @@ _MEGATRON_KEYS = (
     ("context_parallel", "context_parallel_size", read_size, True),
     ("expert_parallel", "expert_model_parallel_size", read_size, False),
     ("megatron_fsdp", "use_megatron_fsdp", read_flag, False),
-    ("moe_overlap", "override_transformer_config.overlap_moe_expert_parallel_comm", read_flag,
-     False),
+    ("moe_overlap", f"override_transformer_config.{MOE_OVERLAP_KEY}", read_flag, False),
 )
 _MLITE_KEYS = (
     ("tensor_parallel", "tp", read_size, True),
@@ -90,8 +89,7 @@ _SERVER_VARIABLE = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # The MoE token dispatcher, as verl hands it to Megatron-Core: verl has no key
 # of its own, so users pass TransformerConfig fields through
 # ``override_transformer_config`` (verl merges it into the model's config).
-_DISPATCHER_KEYS = tuple(f"override_transformer_config.{key}" for key in (
-    "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_enable_deepep"))
+_DISPATCHER_KEYS = tuple(f"override_transformer_config.{key}" for key in DISPATCHER_KEYS)
 
 
 def _megatron_paths(section: str) -> Tuple[str, ...]:

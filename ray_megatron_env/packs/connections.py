@@ -27,20 +27,24 @@ over another engine's overlap), and each preference left unmet is named.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple,
+)
 
 from ..engines import (
-    ALWAYS_RUN, ASSERTS, CHECKS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, VARIABLE,
+    ALWAYS_RUN, ASSERTS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, MEGATRON,
+    MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, CONNECTIONS_VARIABLE,
 )
 from ..errors import FieldValueError
 from ..node import NodeFacts, NodeGpus
-from ..spec import Engine, Spec
 from ..values import parse_connections
-from . import (
+from .pack import (
     CUDA_CONNECTIONS, LEAVE, NONE, PREFERRED, REQUIRED, SET, Demand, Outcome, Pack, PackRow,
     PackVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Engine, Spec
 
 # GPU classes of a node, by its oldest GPU. A node with NVIDIA devices whose
 # capability could not be read is classed PRE_BLACKWELL: setting 1 where
@@ -306,8 +310,6 @@ RULES = (
              "model config's pipeline_model_parallel_comm_backend to it",
          required_by=(MEGATRON_CORE_CHECK,),),
 )
-FIRST_MATCH_RULES = tuple(rule for rule in RULES if not rule.beside)
-BESIDE_RULES = tuple(rule for rule in RULES if rule.beside)
 
 
 @dataclass(frozen=True)
@@ -518,10 +520,10 @@ def hard_conflict_everywhere(spec: Spec, rules: Sequence[Rule] = RULES) -> Optio
 
 def explicit_value(env_vars: Optional[Mapping[str, Any]]) -> Optional[str]:
     """The runtime env's own value for the variable, checked, or None."""
-    if not env_vars or VARIABLE not in env_vars:
+    if not env_vars or CONNECTIONS_VARIABLE not in env_vars:
         return None
-    parse_connections(env_vars[VARIABLE], f"env_vars.{VARIABLE}")
-    return env_vars[VARIABLE]
+    parse_connections(env_vars[CONNECTIONS_VARIABLE], f"env_vars.{CONNECTIONS_VARIABLE}")
+    return env_vars[CONNECTIONS_VARIABLE]
 
 
 def _conflict_warnings(verdict: Verdict, framework: Optional[str] = None) -> List[str]:
@@ -559,13 +561,13 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     explicit = explicit_value(env_vars)
     # AReaL writes its own "1" into every worker: not the user's intent.
     replaces = explicit if explicit is not None and explicit == spec.replaces else None
-    inherited = node_environ.get(VARIABLE)
+    inherited = node_environ.get(CONNECTIONS_VARIABLE)
     if (explicit is None or replaces is not None) and inherited is not None:
         try:
-            parse_connections(inherited, VARIABLE)
+            parse_connections(inherited, CONNECTIONS_VARIABLE)
         except FieldValueError:
-            warnings.append(f"the node's {VARIABLE}={inherited!r} is not an integer from 1 "
-                            "to 32")
+            warnings.append(f"the node's {CONNECTIONS_VARIABLE}={inherited!r} is not an integer "
+                            "from 1 to 32")
     need = verdict.requirement
     roles = by_role(verdict.findings)
     left_out = "".join(f"; {role}: {why}" for role, why in spec.omitted)
@@ -573,7 +575,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     # The rows that shaped the value: those of the strongest strength.
     deciding = dict.fromkeys(f.rule.id for f in verdict.findings if f.strength == strength)
     outcome = Outcome(
-        VARIABLE, SET if need.is_constraint else LEAVE,
+        CONNECTIONS_VARIABLE, SET if need.is_constraint else LEAVE,
         str(need.choose()) if need.is_constraint else None, strength,
         "+".join(deciding), f"{verdict.reason}{left_out}",
         accepts=need.values,
@@ -589,54 +591,12 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     return PackVerdict((outcome,), tuple(warnings))
 
 
-def _either(value: Optional[bool], yes: str, no: str) -> str:
-    return "any" if value is None else (yes if value else no)
-
-
-def _strength_words(rule: Rule) -> str:
-    if not rule.requirement.is_constraint:
-        return "-"
-    if set(rule.required_by) & set(ALWAYS_RUN):
-        return "required (" + " and ".join(f"`{c}`" for c in rule.required_by) + ": always runs)"
-    if rule.required_by:
-        return ("required where " + " or ".join(f"`{c}`" for c in rule.required_by) +
-                " checks run; else preferred")
-    return "preferred"
-
-
-def markdown_tables() -> str:
-    """The rule and engine tables as ``docs/rules.md`` shows them; a test
-    keeps the page in step with this module."""
-    lines = [
-        "| # | rule | applies | engine | GPUs (oldest on the node) | TP or CP > 1 | "
-        "Megatron-FSDP | torch FSDP2 | MoE A2A overlap | DeepEP/HybridEP dispatcher | "
-        "UCC pipeline | asks | strength | why | source |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for number, rule in enumerate(RULES, 1):
-        lines.append(
-            f"| {number} | `{rule.id}` | {'beside' if rule.beside else 'first match'} | "
-            f"{rule.engine} | {rule.gpus} | "
-            f"{_either(rule.model_parallel, 'yes', 'no')} | "
-            f"{_either(rule.megatron_fsdp, 'yes', 'no')} | "
-            f"{_either(rule.torch_fsdp2, 'yes', 'no')} | "
-            f"{_either(rule.moe_overlap, 'yes', 'no')} | {_either(rule.dispatcher, 'yes', 'no')} | "
-            f"{_either(rule.ucc_pipeline, 'yes', 'no')} | {rule.requirement.label} | "
-            f"{_strength_words(rule)} | {rule.why} | {rule.source} |")
-    lines += ["", "| strategy / engine name | kind |", "|---|---|"]
-    lines += [f"| `{name}` | {kind} |" for name, kind in sorted(KNOWN_STRATEGIES.items())]
-    lines += ["", "| check (`checks` in the compact form) | what it is |", "|---|---|"]
-    lines += [f"| `{name}` | {words} |" for name, words in CHECKS.items()]
-    lines += [f"| `{name}` (never listed: always runs) | {words} |"
-              for name, words in ALWAYS_RUN.items()]
-    return "\n".join(lines)
-
-
 def _row(rule: Rule) -> PackRow:
     constraint = rule.requirement.is_constraint
     when = f"{rule.engine} engine on {rule.gpus}"
     return PackRow(rule.id, when, SET if constraint else LEAVE,
-                   ((VARIABLE, rule.requirement.label),) if constraint else ((VARIABLE, ""),),
+                   ((CONNECTIONS_VARIABLE, rule.requirement.label),) if constraint
+                   else ((CONNECTIONS_VARIABLE, ""),),
                    (f"required where {' or '.join(rule.required_by)} checks run, else preferred"
                     if rule.required_by else PREFERRED) if constraint else "none",
                    rule.why, rule.source)
@@ -647,12 +607,12 @@ PACK = Pack(
     summary=("How many hardware work queues CUDA gives each process. Megatron's tensor and "
              "context parallelism need 1 before Blackwell; FSDP-style and inference engines "
              "want more."),
-    variables=(VARIABLE,),
+    variables=(CONNECTIONS_VARIABLE,),
     node_facts=("the compute capability of every GPU (the oldest decides)",
                 "the vendor of a node without NVIDIA GPUs"),
     config_facts=("each role's engine kind, tensor/context/expert parallel sizes, FSDP flags, "
                   "MoE overlap and the checks its framework runs (docs/field.md)",),
     rows=tuple(_row(rule) for rule in RULES),
     evaluate=evaluate,
-    defaults=((VARIABLE, f"CUDA's default, {CUDA_DEFAULT}"),),
+    defaults=((CONNECTIONS_VARIABLE, f"CUDA's default, {CUDA_DEFAULT}"),),
 )

@@ -18,21 +18,23 @@ parallel size, and ``Spec.tp_spans_nodes`` (an override).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
+from ..engines import TRTLLM
 from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
-from ..spec import Spec
 from .nccl_params import cumem_off, nccl_param, worker_value
-from . import (
+from .pack import (
     KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Spec
 
 MNNVL = "NCCL_MNNVL_ENABLE"
 P2P_DISABLE = "NCCL_P2P_DISABLE"
 NVLS = "NCCL_NVLS_ENABLE"
 CUMEM = "NCCL_CUMEM_ENABLE"
 VARIABLES = (MNNVL, NVLS, CUMEM)
-TRTLLM = "trtllm"
 NVLS_MIN_MAJOR = 9  # NVLS multicast exists from Hopper (NCCL nvls.cc: SM90 channel counts)
 
 _MNNVL_CHECK = ("NCCL src/mnnvl.cc ncclMnnvlCheck: it tests every rank's fabric state "

@@ -22,14 +22,16 @@ whose GPUs all have peer access: it works there, slower.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..node import P2P, NodeFacts, NodeP2P, format_driver, parse_kernel_driver
-from ..spec import Spec
 from .nccl_params import cumem_off, nccl_param, worker_value
-from . import (
+from .pack import (
     KEEP, LEAVE, NCCL_HOST_MEM, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Spec
 
 HOST = "NCCL_CUMEM_HOST_ENABLE"
 P2P_DISABLE = "NCCL_P2P_DISABLE"

@@ -22,15 +22,17 @@ arch-specific ``a`` target, so it never adds or strips one.
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
 
 from ..node import Capability, NodeFacts, format_capability
-from ..spec import Spec
-from . import (
+from .pack import (
     KEEP, LEAVE, NONE, PREFERRED, REQUIRED, SET, TORCH_ARCH, Outcome, Pack, PackRow, PackVerdict,
 )
 
-VARIABLE = "TORCH_CUDA_ARCH_LIST"
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import Spec
+
+ARCH_LIST_VARIABLE = "TORCH_CUDA_ARCH_LIST"
 _CPP_EXTENSION = "PyTorch torch/utils/cpp_extension.py _get_cuda_arch_flags"
 # The PyTorch releases whose lists the pack's own values must pass: 2.7, the
 # first whose cpp_extension knows 12.0 (2.6 ends at 10.0), to 2.13. Read from
@@ -64,7 +66,7 @@ ROWS = (
     PackRow("unset",
             "NVIDIA GPUs on the node and TORCH_CUDA_ARCH_LIST unset, empty or 'native' "
             "(each is PyTorch's default)",
-            SET, ((VARIABLE, "the node's archs"),), PREFERRED,
+            SET, ((ARCH_LIST_VARIABLE, "the node's archs"),), PREFERRED,
             "the node's distinct archs, ascending, space separated (\"8.0\", \"8.6 12.0\"), "
             f"each the newest entry every {TORCH_RANGE} accepts that runs on the GPU (a 10.3 "
             "GPU gets 10.0, a 12.1 GPU 12.0: same-major SASS runs on a newer minor): every GPU "
@@ -77,7 +79,7 @@ ROWS = (
     PackRow("no-portable-arch",
             f"some GPU of the node has an arch for which no entry every {TORCH_RANGE} accepts "
             "runs (Thor: 10.1 up to 2.8, 11.0 from 2.9)",
-            LEAVE, ((VARIABLE, ""),), NONE,
+            LEAVE, ((ARCH_LIST_VARIABLE, ""),), NONE,
             "any value the pack could write is rejected by some of these releases "
             "('Unknown CUDA arch'); the value there, or PyTorch's default, stays, with a "
             "warning",
@@ -87,7 +89,7 @@ ROWS = (
             "the value (the job's, or inherited from the node, e.g. an image's ENV) has "
             "neither SASS nor PTX for one of the node's GPUs, or an entry current PyTorch "
             "rejects (an empty entry in a non-empty list too: '8.0;', a double space)",
-            SET, ((VARIABLE, "the node's archs"),), REQUIRED,
+            SET, ((ARCH_LIST_VARIABLE, "the node's archs"),), REQUIRED,
             "kernels built from it fail on this node with 'no kernel image is available' "
             "(CUDA_ERROR_NO_BINARY_FOR_GPU), or a cached build for another generation is "
             "reused, or the build raises ValueError; an inherited value is replaced, a job's "
@@ -99,7 +101,7 @@ ROWS = (
             "the value has SASS for every GPU of the node (X.Y or X.Ya: \"9.0a\" covers 9.0; "
             "or the entry the pack itself would write: 10.0 on 10.3, 12.0 on 12.1); named "
             "arches as current PyTorch expands them (Blackwell is 10.0;10.3;12.0;12.1+PTX)",
-            KEEP, ((VARIABLE, ""),), NONE,
+            KEEP, ((ARCH_LIST_VARIABLE, ""),), NONE,
             "it builds for this node; extra archs only cost build time; the 'a' suffix is "
             "the job's choice and stays",
             f"{_CPP_EXTENSION} (named_arches of 2.9 to 2.13)"),
@@ -107,14 +109,14 @@ ROWS = (
             "the value covers some GPU of the node only through +PTX of an older arch, or "
             "through SASS of an older minor of the same major that is not the pack's own "
             "choice (8.0 on 8.6)",
-            KEEP, ((VARIABLE, ""),), PREFERRED,
+            KEEP, ((ARCH_LIST_VARIABLE, ""),), PREFERRED,
             "it runs, but +PTX is JIT-compiled by the driver at first launch, and older SASS "
             "lacks that arch's own features; kept with a warning",
             f"{_CPP_EXTENSION} ('+PTX' adds code=compute_XY); CUDA binary compatibility "
             "(SASS for X.y runs on X.z, z >= y; PTX is JIT-compiled for newer GPUs)"),
     PackRow("leave",
             "no NVIDIA GPU, or the GPUs could not be read",
-            LEAVE, ((VARIABLE, ""),), NONE,
+            LEAVE, ((ARCH_LIST_VARIABLE, ""),), NONE,
             "nothing for the node to say; PyTorch's own default applies",
             _CPP_EXTENSION),
 )
@@ -180,7 +182,7 @@ def node_list(capabilities) -> str:
 
 def _outcome(rule_id: str, value: Optional[str], reason: str) -> Outcome:
     row = _BY_ID[rule_id]
-    return Outcome(VARIABLE, row.action, value, row.strength, row.id, reason)
+    return Outcome(ARCH_LIST_VARIABLE, row.action, value, row.strength, row.id, reason)
 
 
 def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
@@ -191,25 +193,25 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
     if not gpus.capabilities:
         warnings = () if gpus.is_known else (
             f"{TORCH_ARCH}: the node's GPUs could not be read ({gpus.error}); "
-            f"{VARIABLE} is left as it is",)
+            f"{ARCH_LIST_VARIABLE} is left as it is",)
         return PackVerdict((_outcome("leave", None, f"{gpus.describe()}: nothing to decide "
                                                      "[leave]"),), warnings)
     archs = sorted(set(gpus.capabilities))
     where = f"GPUs {', '.join(format_capability(c) for c in archs)}"
-    explicit = env_vars.get(VARIABLE)
-    seen = str(explicit) if explicit is not None else node_environ.get(VARIABLE)
+    explicit = env_vars.get(ARCH_LIST_VARIABLE)
+    seen = str(explicit) if explicit is not None else node_environ.get(ARCH_LIST_VARIABLE)
     orphans = [format_capability(c) for c in archs if portable_arch(c) is None]
     if orphans:
         outcome = _outcome("no-portable-arch", None,
                            f"{where}: no entry every {TORCH_RANGE} accepts runs on "
-                           f"{', '.join(orphans)}; {VARIABLE} is left as it is "
+                           f"{', '.join(orphans)}; {ARCH_LIST_VARIABLE} is left as it is "
                            "[no-portable-arch]")
         return PackVerdict((outcome,), (f"{TORCH_ARCH} [no-portable-arch]: {outcome.reason}",))
     wanted = node_list(archs)
     if seen is None or reads_as_default(seen):
         said = "unset" if seen is None else f"{seen!r}, PyTorch's default,"
         return PackVerdict((_outcome("unset", wanted,
-                                     f"{where}: {VARIABLE} {said} builds for the visible GPUs "
+                                     f"{where}: {ARCH_LIST_VARIABLE} {said} builds for the visible GPUs "
                                      f"only; {wanted!r} builds for each [unset]"),))
     whose = "the job's" if explicit is not None else "the node's"
     served = {cap: coverage(seen, cap) for cap in archs}
@@ -220,19 +222,19 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
             ([f"PyTorch rejects {', '.join(repr(r) for r in rejected)}"] if rejected else [])
         return PackVerdict((_outcome(
             "misses-node-arch", wanted,
-            f"{where}: {whose} {VARIABLE}={seen!r} has {'; '.join(problems)} "
+            f"{where}: {whose} {ARCH_LIST_VARIABLE}={seen!r} has {'; '.join(problems)} "
             "[misses-node-arch]"),))
     indirect = [format_capability(c) for c, how in served.items() if how == "indirect"]
     if indirect:
         outcome = _outcome("covers-only-through-ptx", seen,
-                           f"{where}: {whose} {VARIABLE}={seen!r} serves "
+                           f"{where}: {whose} {ARCH_LIST_VARIABLE}={seen!r} serves "
                            f"{', '.join(indirect)} only through +PTX (JIT at first launch) or "
                            "an older minor's SASS [covers-only-through-ptx]")
         return PackVerdict((outcome,), (f"{TORCH_ARCH} [covers-only-through-ptx]: "
                                         f"{outcome.reason}; {wanted!r} would build for each",))
     return PackVerdict((_outcome("covers-node-archs", seen,
-                                 f"{where}: {whose} {VARIABLE}={seen!r} has code for each "
-                                 "[covers-node-archs]"),))
+                                 f"{where}: {whose} {ARCH_LIST_VARIABLE}={seen!r} has code for "
+                                 "each [covers-node-archs]"),))
 
 
 PACK = Pack(
@@ -243,12 +245,12 @@ PACK = Pack(
              "a list baked into an image for other GPUs builds kernels this node cannot run. "
              "Leave the pack out where no job builds kernels at run time, or where every "
              "node's image already lists its GPUs."),
-    variables=(VARIABLE,),
+    variables=(ARCH_LIST_VARIABLE,),
     node_facts=("the compute capability of each NVIDIA GPU on the node (the GPU probe)",),
     config_facts=("the job's own TORCH_CUDA_ARCH_LIST (its env_vars), else the node's",),
     rows=ROWS,
     evaluate=evaluate,
-    defaults=((VARIABLE, "unset, empty (and from 2.9 'native'): the visible GPUs' archs, the "
+    defaults=((ARCH_LIST_VARIABLE, "unset, empty (and from 2.9 'native'): the visible GPUs' archs, the "
                          "last +PTX; none visible: the build fails "
                          "(torch/utils/cpp_extension.py)"),),
 )

@@ -7,6 +7,7 @@ Ray honours worker_process_setup_hook only in the job's env.
 """
 
 import glob
+import json
 import os
 from pathlib import Path
 
@@ -142,3 +143,52 @@ def test_a_job_env_vars_value_equal_to_the_nodes_own_is_kept_on_either_path(clus
     assert {n: (v, via, source) for n, (v, via, source, *_) in got.items()} == {
         "a100_inherit1_unplugged": ("1", "setup-hook", "explicit"),
         "a100_inherit1": ("1", "plugin", "explicit")}
+
+
+NEMO_RL_MEGATRON = TESTS / "fixtures/nemo_rl/configs/grpo_math_1B_megatron.yaml"
+
+
+def archs(env):
+    """A worker's arch list and connections value, each with its record's source."""
+    d = json.loads(env["RAY_MEGATRON_ENV_DECISION"])["variables"]
+    a, c = d["TORCH_CUDA_ARCH_LIST"], d["CUDA_DEVICE_MAX_CONNECTIONS"]
+    return [env.get("TORCH_CUDA_ARCH_LIST"), a["source"], a.get("driver_value"),
+            env.get("CUDA_DEVICE_MAX_CONNECTIONS"), c["source"]]
+
+
+def test_nemo_rls_copy_of_the_drivers_environment_is_decided_per_node(cluster, tmp_path):
+    # NeMo-RL's driver (the image's TORCH_CUDA_ARCH_LIST, a stray 1 on its
+    # host) behind the driver line (docs/frameworks.md#nemo-rl): init_ray
+    # passes dict(os.environ) to ray.init, worker_groups.py each worker's
+    # env_vars again from os.environ; VLLM_ENABLE_V1_MULTIPROCESSING=0 marks
+    # a vLLM worker. Golden (unit/test_driver_env.py's sources): the image's
+    # "9.0 10.0" has no code for an A100, so 8.0 there; it covers the H100
+    # nodes (kept, as the driver's). The Megatron TP=2 policy prefers 1
+    # before Blackwell (the copy is kept); vLLM must not run with 1 (CUDA's
+    # default 8 replaces it), where the job's own 1 would have been kept.
+    got = run_job(cluster, tmp_path, f"""
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0 10.0"
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+        import ray_megatron_env as rme
+        _ri = ray.init
+        ray.init = lambda *a, **k: _ri(*a, **{{**k, "runtime_env": rme.build_runtime_env(
+            {str(NEMO_RL_MEGATRON)!r}, base=k.get("runtime_env"), packs=["torch-arch"])}})
+        env_vars = dict(os.environ)
+        env_vars.pop("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", None)
+        ray.init(address=sys.argv[1], log_to_driver=False, runtime_env={{"env_vars": env_vars}})
+
+        def at(names, extra):
+            return on(names, runtime_env={{"env_vars": {{**os.environ, **extra}}}})
+
+        print(json.dumps({{
+            "policy": at(["a100_inherit1", "h100_b200", "unplugged"], {{}}),
+            "vllm": at(["a100_inherit1_unplugged"], {{"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}})}}))
+    """)
+    got = {part: {node: archs(env) for node, env in seen.items()} for part, seen in got.items()}
+    image, copied = "9.0 10.0", "driver-env"
+    assert got == {
+        "policy": {"a100_inherit1": ["8.0", "policy", image, "1", copied],  # plugin
+                   "h100_b200": [image, copied, image, "1", copied],  # plugin
+                   "unplugged": [image, copied, image, "1", copied]},  # setup hook
+        # setup hook; the node's own 1 as well
+        "vllm": {"a100_inherit1_unplugged": ["8.0", "policy", image, "8", "policy"]}}

@@ -75,7 +75,7 @@ def in_the_agent(config, role, node, base=None):
     env_vars = dict(runtime_env.get("env_vars", {}))
     node_environ = {"CUDA_DEVICE_MAX_CONNECTIONS": own} if own else {}
     agent = NodeAgent(ProbeCache(probe=lambda: probe_gpus({FAKE_VARIABLE: gpus})))
-    decision = agent.apply(runtime_env, env_vars, node_environ, QUIET)
+    decision = agent.decide_and_write(runtime_env, env_vars, node_environ, QUIET)
     # The worker inherits the node's environment under its env_vars.
     return {**node_environ, **env_vars}.get("CUDA_DEVICE_MAX_CONNECTIONS"), decision
 

@@ -5,7 +5,7 @@ spelt as keywords."""
 from typing import Mapping, Optional
 
 from ray_megatron_env.decision import Decision, decide_node
-from ray_megatron_env.engines import VARIABLE
+from ray_megatron_env.engines import CONNECTIONS_VARIABLE
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.node import NodeFacts
 from ray_megatron_env.spec import Spec
@@ -16,6 +16,6 @@ def decided(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
             worker_env: Optional[Mapping[str, str]] = None) -> Decision:
     env_vars = dict(worker_env or {})
     if explicit is not None:
-        env_vars[VARIABLE] = explicit
-    node_environ = {VARIABLE: inherited} if inherited is not None else {}
+        env_vars[CONNECTIONS_VARIABLE] = explicit
+    node_environ = {CONNECTIONS_VARIABLE: inherited} if inherited is not None else {}
     return decide_node(spec, NodeFacts(gpus), env_vars, node_environ).decision

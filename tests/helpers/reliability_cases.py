@@ -187,6 +187,9 @@ BAD_INPUTS: Tuple[BadInput, ...] = (
     BadInput("verl-kinds-extra", "megatron_env section with an env_vars key",
              field({**verl_actor(), "megatron_env": {"env_vars": {"PATH": "/tmp"}}}),
              FieldValueError, "unknown key(s) 'env_vars' in megatron_env"),
+    BadInput("driver-env-unknown", "driver_env names a variable no pack of the job decides",
+             field({**GOOD, "driver_env": {"TORCH_CUDA_ARCH_LIST": "8.0"}}), FieldValueError,
+             "which no pack of this job decides"),
     # An explicit env_vars value next to the field
     BadInput("explicit-zero", f"env_vars {VAR}='0'", explicit("0"), FieldValueError,
              "CUDA accepts an integer from 1 to 32"),

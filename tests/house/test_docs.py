@@ -5,8 +5,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from ray_megatron_env.packs import markdown_packs
-from ray_megatron_env.packs.connections import markdown_tables
+from ray_megatron_env.doc_tables import markdown_packs, markdown_rules
 from reliability_cases import FAULTS, render
 from paths import ROOT, TESTS
 
@@ -18,7 +17,7 @@ def between(text: str, name: str) -> str:
 
 
 def test_rules_page_shows_the_rule_table_in_code():
-    assert between((DOCS / "rules.md").read_text(), "rules") == markdown_tables()
+    assert between((DOCS / "rules.md").read_text(), "rules") == markdown_rules()
 
 
 def test_packs_page_shows_every_pack_table_in_code():
@@ -151,7 +150,7 @@ def check_sample() -> str:
     from ray_megatron_env.check import NodeReport
     from ray_megatron_env.cli import format_check
     from ray_megatron_env.decision import decide_node
-    from ray_megatron_env.field import parse_field
+    from ray_megatron_env.frameworks import parse_field
     from ray_megatron_env.node import NodeFacts, NodeGpus, parse_gpu_list
     from ray_megatron_env.runtime_env import build_runtime_env
 

@@ -66,6 +66,6 @@ def test_a_malformed_fake_is_recorded_and_treated_conservatively():
     env = build_runtime_env(verl(*MEGATRON_TP2))
     env_vars = dict(env["env_vars"])
     agent = NodeAgent(ProbeCache(probe=lambda: probe_gpus({FAKE_VARIABLE: "9.x"})))
-    decision = agent.apply(env, env_vars, {}, QUIET)
+    decision = agent.decide_and_write(env, env_vars, {}, QUIET)
     assert env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and decision.gpus is None
     assert "9.x" in decision.probe["error"] and decision.warnings

@@ -14,10 +14,12 @@ from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.decision import DECISION_VARIABLE
 from ray_megatron_env.errors import MegatronEnvError
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
-from ray_megatron_env.engines import CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES, VARIABLE
+from ray_megatron_env.engines import (
+    CONNECTIONS_VARIABLE, CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES,
+)
 
 from deciding import decided as decide
 
@@ -108,7 +110,7 @@ def outcome(function, *args, **kw):
 
 def apply_in_agent(field, gpus, env_vars, node_environ=None, agent=None):
     agent = agent or NodeAgent(ProbeCache(probe=lambda: gpus))
-    return agent.apply({"megatron_env": field}, env_vars, node_environ or {}, QUIET)
+    return agent.decide_and_write({"megatron_env": field}, env_vars, node_environ or {}, QUIET)
 
 
 @SETTINGS
@@ -125,7 +127,7 @@ def test_any_input_gives_a_valid_decision_or_the_documented_error(field, gpus, i
 @SETTINGS
 @given(fields, node_gpus, valid_values)
 def test_the_driver_and_the_agent_agree(field, gpus, inherited):
-    environ = {VARIABLE: inherited} if inherited else {}
+    environ = {CONNECTIONS_VARIABLE: inherited} if inherited else {}
     node = NodeAgent(ProbeCache(probe=lambda: gpus))  # one node: one probe
     on_driver = outcome(build_runtime_env, field) if isinstance(field, dict) else None
     in_agent = outcome(apply_in_agent, field, gpus, {}, environ, node)
@@ -157,14 +159,14 @@ def test_the_compact_form_round_trips(field):
 def test_the_agent_writes_only_its_two_variables(field, gpus, explicit, other_env_vars):
     env_vars = dict(other_env_vars)
     if explicit:
-        env_vars[VARIABLE] = explicit
+        env_vars[CONNECTIONS_VARIABLE] = explicit
     before = dict(env_vars)
     if outcome(apply_in_agent, field, gpus, env_vars)[0] == "error":
         assert env_vars == before  # nothing written on a refusal
         return
     changed = {k for k in set(env_vars) | set(before) if env_vars.get(k) != before.get(k)}
-    assert changed <= {VARIABLE, DECISION_VARIABLE}
+    assert changed <= {CONNECTIONS_VARIABLE, DECISION_VARIABLE}
     assert all(isinstance(v, str) for v in env_vars.values())
     if explicit:
-        assert env_vars[VARIABLE] == explicit
+        assert env_vars[CONNECTIONS_VARIABLE] == explicit
     assert "$" not in env_vars[DECISION_VARIABLE]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
-from ray_megatron_env.field import MAX_FIELD_BYTES, parse_field
+from ray_megatron_env.frameworks import MAX_FIELD_BYTES, parse_field
 from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON
 from ray_megatron_env.spec import Engine, Spec
 

@@ -15,7 +15,7 @@ import pytest
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks.areal import parse_allocation_mode, parse_backend
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
@@ -120,14 +120,14 @@ def test_agent_removes_areal_one_for_an_fsdp_actor_on_blackwell(field_from):
     runtime_env = (build_runtime_env(str(path)) if field_from == "build_runtime_env"
                    else {"megatron_env": load_yaml(path)})
     env_vars = {VARIABLE: "1"}  # what AReaL's BASE_ENVIRONS puts in every worker
-    decision = agent_on((10, 0)).apply(runtime_env, env_vars, {}, logging.getLogger("t"))
+    decision = agent_on((10, 0)).decide_and_write(runtime_env, env_vars, {}, logging.getLogger("t"))
     assert VARIABLE not in env_vars and decision.source != "explicit"
 
 
 def test_agent_keeps_the_users_own_value():
     runtime_env = build_runtime_env(str(FIXTURES / "grpo_fsdp_user_env.yaml"))
     env_vars = {VARIABLE: "1"}
-    decision = agent_on((10, 0)).apply(runtime_env, env_vars, {}, logging.getLogger("t"))
+    decision = agent_on((10, 0)).decide_and_write(runtime_env, env_vars, {}, logging.getLogger("t"))
     assert env_vars[VARIABLE] == "1" and decision.source == "explicit"
 
 
@@ -135,7 +135,7 @@ def test_agent_sets_one_for_megatron_tp2_before_blackwell():
     runtime_env = build_runtime_env(str(FIXTURES / "grpo_megatron_tp2_sglang.yaml"))
     for capability, expected in (((9, 0), "1"), ((10, 0), None)):
         env_vars = {VARIABLE: "1"}
-        agent_on(capability).apply(runtime_env, env_vars, {}, logging.getLogger("t"))
+        agent_on(capability).decide_and_write(runtime_env, env_vars, {}, logging.getLogger("t"))
         assert env_vars.get(VARIABLE) == expected
 
 
@@ -288,11 +288,11 @@ def test_a_users_other_value_in_one_role_leaves_areals_one_replaced_elsewhere():
                   {"task_type": "worker", "env_vars": {VARIABLE: "8"}}]}}
     assert parse_field(config).replaces == "1"
     rollout_worker = {VARIABLE: "1"}
-    decision = agent_on((9, 0)).apply(build_runtime_env(config), rollout_worker, {},
+    decision = agent_on((9, 0)).decide_and_write(build_runtime_env(config), rollout_worker, {},
                                       logging.getLogger("t"))
     assert VARIABLE not in rollout_worker and decision.source != "explicit"
     actor_worker = {VARIABLE: "8"}
-    decision = agent_on((9, 0)).apply(build_runtime_env(config), actor_worker, {},
+    decision = agent_on((9, 0)).decide_and_write(build_runtime_env(config), actor_worker, {},
                                       logging.getLogger("t"))
     assert actor_worker[VARIABLE] == "8" and decision.source == "explicit"
 

@@ -15,7 +15,7 @@ validate_args as slime's does, so TP/CP > 1 below major 10 is a required 1.
 import pytest
 
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import parse_gpu_list
 
 from deciding import decided

@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from ray_megatron_env.errors import FieldValueError
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks import readers, to_mapping
 
 READER_NAMES = ("verl", "verl-sft", "areal", "nemo-rl", "skyrl", "skyrl-sft", "slime", "roll")

@@ -16,7 +16,7 @@ import pytest
 
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.errors import FieldValueError
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.node import parse_gpu_list
 from ray_megatron_env.spec import ProcessRule

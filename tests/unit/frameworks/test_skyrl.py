@@ -119,7 +119,7 @@ def test_agent_on_the_job_env_skyrl_passes_to_ray_init(name, capability, expecte
     # the submitted job env that build_runtime_env gave.
     runtime_env = build_runtime_env(args_of(name))
     env_vars = {VARIABLE: "1", "VLLM_USE_V1": "1"}
-    agent_on(capability).apply(runtime_env, env_vars, {}, logging.getLogger("t"))
+    agent_on(capability).decide_and_write(runtime_env, env_vars, {}, logging.getLogger("t"))
     assert env_vars.get(VARIABLE) == expected
 
 
@@ -350,5 +350,5 @@ def test_a_submitted_job_under_uv_run_and_without(monkeypatch, under_uv_run, cap
     assert merged["megatron_env"]["replaces"] == "1"
     env_vars = dict(merged["env_vars"])
     assert env_vars[VARIABLE] == "1"  # SkyRL's, until the worker's node decides
-    agent_on(capability).apply(merged, env_vars, {}, logging.getLogger("t"))
+    agent_on(capability).decide_and_write(merged, env_vars, {}, logging.getLogger("t"))
     assert env_vars.get(VARIABLE) == expected

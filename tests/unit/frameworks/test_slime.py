@@ -20,7 +20,7 @@ from ray_megatron_env.cli import main
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
 from ray_megatron_env.node import parse_gpu_list
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks import slime
 from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
 from ray_megatron_env.frameworks.loading import load_spec

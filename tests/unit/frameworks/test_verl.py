@@ -7,7 +7,7 @@ from configs import ACTOR, ACTOR_TP, FSDP_YAML, REF_ONLY, REWARD_MODEL_ONLY, pla
 from ray_megatron_env.demo import load_example
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON
 from ray_megatron_env.spec import Engine
 from paths import FIXTURES

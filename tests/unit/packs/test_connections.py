@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ray_megatron_env.node import parse_gpu_list
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.engines import ASSERTS, ENGINE_KINDS, MEGATRON
 from ray_megatron_env.packs.connections import (

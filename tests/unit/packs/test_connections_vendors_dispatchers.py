@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from ray_megatron_env.cli import main
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks.nemo_rl import READER as NEMO_RL
 from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.spec import Engine

@@ -15,13 +15,14 @@ from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.cli import OK, PROBLEM, main
 from ray_megatron_env.decision import DECISION_VARIABLE, decide_node
-from ray_megatron_env.engines import VARIABLE
+from ray_megatron_env.engines import CONNECTIONS_VARIABLE
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
-from ray_megatron_env.field import parse_field
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.node import NodeFacts, parse_fake_node
-from ray_megatron_env.packs import PACK_NAMES, read_packs
+from ray_megatron_env.packs import PACK_NAMES
+from ray_megatron_env.spec import read_packs
 from ray_megatron_env.cache import ProbeCache
 
 MNNVL, NVLS, CUMEM = "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE"
@@ -205,8 +206,8 @@ def test_without_packs_the_decision_and_its_record_are_what_they_were():
     gpus = NodeGpus.known([(9, 0)], "given")
     after = decide_node(spec, NodeFacts(gpus), {}, {})
     record = json.loads(after.write[DECISION_VARIABLE])
-    assert "packs" not in record and list(record["variables"]) == [VARIABLE]
-    assert after.env() == {VARIABLE: "1"}
+    assert "packs" not in record and list(record["variables"]) == [CONNECTIONS_VARIABLE]
+    assert after.env() == {CONNECTIONS_VARIABLE: "1"}
     assert explain(MEGATRON_TP2, "9.0") == after.decision
 
 
@@ -253,10 +254,10 @@ def test_the_agent_probes_the_fabric_only_for_jobs_that_ask():
     agent = NodeAgent(ProbeCache(lambda: NodeGpus.known([(10, 0)], "fake")),
                       ProbeCache(fabric))
     env_vars = {}
-    agent.apply({"megatron_env": MEGATRON_TP2}, env_vars, {}, logging.getLogger("t"))
+    agent.decide_and_write({"megatron_env": MEGATRON_TP2}, env_vars, {}, logging.getLogger("t"))
     assert fabric.runs == 0 and nccl(env_vars) == {}
     env_vars = {}
-    agent.apply({"megatron_env": {**MEGATRON_TP2, "packs": ["nccl-fabric"]}}, env_vars, {},
+    agent.decide_and_write({"megatron_env": {**MEGATRON_TP2, "packs": ["nccl-fabric"]}}, env_vars, {},
                 logging.getLogger("t"))
     assert fabric.runs == 1 and nccl(env_vars) == {MNNVL: "0"}
 

@@ -221,7 +221,7 @@ def test_an_explicit_list_missing_the_nodes_arch_says_so():
 
 def test_a_probe_that_failed_leaves_the_list_with_a_warning():
     from ray_megatron_env.decision import decide_node
-    from ray_megatron_env.field import parse_field
+    from ray_megatron_env.frameworks import parse_field
     from ray_megatron_env.node import NodeGpus
     from ray_megatron_env.node import NodeFacts
 
@@ -265,7 +265,7 @@ def test_node_env_takes_name_value(capsys):
 
 def test_compact_form_and_build_runtime_env_take_both_packs():
     from ray_megatron_env import build_runtime_env
-    from ray_megatron_env.field import parse_field
+    from ray_megatron_env.frameworks import parse_field
 
     env = build_runtime_env(MEGATRON_TP2, packs=["torch-arch", "nccl-host-mem"])
     assert env["megatron_env"]["packs"] == ["nccl-host-mem", "torch-arch"]
