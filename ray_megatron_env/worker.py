@@ -47,6 +47,12 @@ NEXT_SETUP_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_SETUP_HOOK"
 # set directly, it runs the hook in workers of an actor-level env too.
 RAY_SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 LOG_NAME = "megatron_env_setup_hook"
+# Ray's driver hook (ray_constants.RAY_RUNTIME_ENV_HOOK, read by ray.init),
+# this package's (runtime_env.HOOK_PATH) and the one it runs next
+# (hook.NEXT_HOOK_VARIABLE); a test keeps them equal.
+DRIVER_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"
+DRIVER_HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
+NEXT_DRIVER_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
 
 
 def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Decision"]:
@@ -66,6 +72,7 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
     bad field raises, as it fails the worker through the plugin; a probe
     problem never does."""
     try:
+        hook_nested_drivers(os.environ)
         node_environ = node_environment()
         if not plugin_decided(os.environ, node_environ):
             import ray
@@ -80,6 +87,21 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
             hook()
         if then is not None:
             then()
+
+
+def hook_nested_drivers(environ: MutableMapping[str, str]) -> None:
+    """Have a driver started inside this worker (vLLM's Ray executor: a
+    subprocess calling ``ray.init(address=..., runtime_env=<this worker's
+    runtime env>)``) run this package's driver hook, which takes Ray's own
+    setup-hook variable out of the env it passes (``hook.take_inherited_setup_hook``):
+    Ray 2.41 to 2.54 refuse that variable beside the ``worker_process_setup_hook``
+    field. A driver hook the worker already has runs after ours."""
+    current = environ.get(DRIVER_HOOK_VARIABLE, "").strip()
+    if current == DRIVER_HOOK_PATH:
+        return
+    if current:
+        environ[NEXT_DRIVER_HOOK_VARIABLE] = current
+    environ[DRIVER_HOOK_VARIABLE] = DRIVER_HOOK_PATH
 
 
 # Every variable a pack reads from a worker's or a node's environment (the
