@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from configs import FSDP_YAML, MEGATRON_TP2, verl
+from configs import FSDP_YAML, MEGATRON_TP2, MEGATRON_YAML, verl
 from jobs import run_job
 
 TESTS = Path(__file__).parent
@@ -141,3 +141,28 @@ def test_a_job_env_vars_value_equal_to_the_nodes_own_is_kept_on_either_path(clus
     assert {n: (v, via, source) for n, (v, via, source, *_) in got.items()} == {
         "a100_inherit1_unplugged": ("1", "setup-hook", "explicit"),
         "a100_inherit1": ("1", "plugin", "explicit")}
+
+
+def test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided(cluster, tmp_path):
+    # vLLM's Ray executor (tests/nested_driver.py) in an actor on a registered
+    # node decided by its H100 and on an unregistered H100 node. Ray 2.41 to
+    # 2.54 refused the worker's env in the nested ray.init (the setup hook's
+    # variable beside the field: "reserved for the internal use").
+    got = run_job(cluster, tmp_path, f"""
+        sys.path.insert(0, {str(TESTS)!r})
+        from nested_driver import Engine
+
+        env = build_runtime_env({str(MEGATRON_YAML)!r}, base={{"env_vars": {{"PYTHONPATH": {str(TESTS)!r}}}}})
+        ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
+        nodes = ["h100_b200", "unplugged", "b200"]
+        engines = {{n: Engine.options(resources={{"rme_" + n: 1}}).remote()
+                    for n in ("h100_b200", "unplugged")}}
+        out = {{n: ray.get(e.start_nested_driver.remote(nodes), timeout=220)
+                for n, e in engines.items()}}
+        print(json.dumps(out))
+    """)
+    workers = {"h100_b200": ["1", "plugin", "policy"], "unplugged": ["1", "setup-hook", "policy"],
+               "b200": [None, "plugin", "none"]}
+    hook = "ray_megatron_env.worker.setup_hook"
+    assert got == {driver: {"workers": workers, "hook": [hook, hook]}
+                   for driver in ("h100_b200", "unplugged")}
