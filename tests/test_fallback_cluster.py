@@ -157,9 +157,8 @@ def test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided(cluster,
         nodes = ["h100_b200", "unplugged", "b200"]
         engines = {{n: Engine.options(resources={{"rme_" + n: 1}}).remote()
                     for n in ("h100_b200", "unplugged")}}
-        out = {{n: ray.get(e.start_nested_driver.remote(nodes), timeout=220)
-                for n, e in engines.items()}}
-        print(json.dumps(out))
+        refs = {{n: e.start_nested_driver.remote(nodes) for n, e in engines.items()}}
+        print(json.dumps({{n: ray.get(ref, timeout=220) for n, ref in refs.items()}}))
     """)
     workers = {"h100_b200": ["1", "plugin", "policy"], "unplugged": ["1", "setup-hook", "policy"],
                "b200": [None, "plugin", "none"]}
