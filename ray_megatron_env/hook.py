@@ -206,8 +206,21 @@ def take_inherited_setup_hook(env_vars: Dict[str, str]) -> None:
         env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join([inherited, *hooks])
 
 
+def rays_uv_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What Ray 2.47 to 2.54 run instead of RAY_RUNTIME_ENV_HOOK in a driver
+    under ``uv run``, where a worker's setup hook turned Ray's switch off so
+    that this hook runs too (``worker.uv_hook_replaces_driver_hook``)."""
+    from ray._private.runtime_env import uv_runtime_env_hook as uv
+
+    return uv.hook(runtime_env) if uv._get_uv_run_cmdline() else runtime_env
+
+
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
+    from .worker import UV_HOOK_VARIABLE
+
+    if os.environ.get(UV_HOOK_VARIABLE) == "1":
+        runtime_env = rays_uv_hook(runtime_env)
     job_env = submitted_job_env()
     if job_env is not None:
         runtime_env = complete_submitted_env(

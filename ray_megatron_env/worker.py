@@ -53,6 +53,10 @@ LOG_NAME = "megatron_env_setup_hook"
 DRIVER_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"
 DRIVER_HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
 NEXT_DRIVER_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
+# Ray's switch for its uv hook (ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV),
+# and ours saying that the driver hook runs Ray's uv hook in its place.
+UV_SWITCH_VARIABLE = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
+UV_HOOK_VARIABLE = "RAY_MEGATRON_ENV_UV_HOOK"
 
 
 def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Decision"]:
@@ -102,6 +106,31 @@ def hook_nested_drivers(environ: MutableMapping[str, str]) -> None:
     if current:
         environ[NEXT_DRIVER_HOOK_VARIABLE] = current
     environ[DRIVER_HOOK_VARIABLE] = DRIVER_HOOK_PATH
+    if uv_hook_replaces_driver_hook():
+        environ[UV_SWITCH_VARIABLE] = "0"
+        environ[UV_HOOK_VARIABLE] = "1"
+
+
+def uv_hook_replaces_driver_hook() -> bool:
+    """Ray 2.47 to 2.54: a driver with a ``uv run`` ancestor (a worker of a
+    job run under ``uv run`` has one) gets Ray's uv hook instead of
+    ``RAY_RUNTIME_ENV_HOOK`` (``ray/_private/worker.py``,
+    ``_maybe_modify_runtime_env``), and these releases still assert on the
+    setup hook's variable (2.55 checks it instead:
+    ``setup_hook._check_setup_hook_consistency``). There Ray's switch goes
+    off for processes this worker starts, and the driver hook runs Ray's uv
+    hook itself, first (``hook.runtime_env_hook``)."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.runtime_env import setup_hook
+
+        if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False) \
+                or hasattr(setup_hook, "_check_setup_hook_consistency"):
+            return False
+        from ray._private.runtime_env import uv_runtime_env_hook  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 # Every variable a pack reads from a worker's or a node's environment (the

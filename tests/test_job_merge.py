@@ -200,5 +200,32 @@ def test_a_workers_own_driver_hook_runs_after_ours():
     environ = {"RAY_RUNTIME_ENV_HOOK": "my.hook"}
     worker.hook_nested_drivers(environ)
     worker.hook_nested_drivers(environ)
+    assert {k: environ[k] for k in ("RAY_RUNTIME_ENV_HOOK", "RAY_MEGATRON_ENV_NEXT_HOOK")} == {
+        "RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
+        "RAY_MEGATRON_ENV_NEXT_HOOK": "my.hook"}
+
+
+def test_under_uv_run_on_ray_2_47_to_2_54_the_driver_hook_runs_rays_uv_hook_first(monkeypatch):
+    # Those releases give a driver under `uv run` Ray's uv hook instead of
+    # RAY_RUNTIME_ENV_HOOK, and still assert on the setup hook's variable.
+    uv = pytest.importorskip("ray._private.runtime_env.uv_runtime_env_hook")
+    from ray._private.runtime_env import setup_hook
+
+    from ray_megatron_env.worker import hook_nested_drivers
+
+    monkeypatch.delattr(setup_hook, "_check_setup_hook_consistency", raising=False)
+    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: ["uv", "run", "--python", "3.11",
+                                                            "train.py"])
+    environ = {}
+    hook_nested_drivers(environ)
     assert environ == {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
-                       "RAY_MEGATRON_ENV_NEXT_HOOK": "my.hook"}
+                       "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_MEGATRON_ENV_UV_HOOK": "1"}
+    monkeypatch.delenv(JOB_CONFIG_VARIABLE, raising=False)
+    monkeypatch.setenv("RAY_MEGATRON_ENV_UV_HOOK", "1")
+    job = build_runtime_env(MEGATRON_YAML)
+    env = runtime_env_hook({**job, "env_vars": {**job["env_vars"], RAY_SETUP_HOOK_VARIABLE: HOOK}})
+    # what Ray's uv hook sets ("uv run --python 3.11", with " python" from 2.5x)
+    assert env["py_executable"] == uv.hook({})["py_executable"]
+    assert env["py_executable"].startswith("uv run --python 3.11")
+    assert RAY_SETUP_HOOK_VARIABLE not in env["env_vars"]
+    assert env["worker_process_setup_hook"] == HOOK
