@@ -262,6 +262,7 @@ FAULTS: Tuple[Fault, ...] = (
           "RAY_RUNTIME_ENV_HOOK in the worker, which drops that variable and Ray writes it "
           "anew; its workers get their node's value and record on both paths", "nothing",
           ("test_fallback_cluster.py::test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided",
+           "test_job_submit_cluster.py::test_a_driver_nested_in_a_worker_of_a_submitted_job_starts_and_decides",
            "test_job_merge.py::test_a_driver_nested_in_a_worker_passes_rays_upload")),
     Fault("plugin registered but the package not installed on a node", "Ray's agent cannot "
           "import the class, the raylet exits and the node never joins; the agent's "

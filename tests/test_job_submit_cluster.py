@@ -13,7 +13,8 @@ from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted driver does), so two
 submissions run twelve jobs in a row on the same nodes. The drivers are of
 the shapes the frameworks have (verl: its own env_vars; NeMo-RL: its whole
 environment; a driver with its own setup hook, a string and a callable; a
-driver whose env_vars clash with the job env's).
+driver whose env_vars clash with the job env's; in the first submission, a
+driver that starts another inside an actor, as vLLM's Ray executor does).
 
 Expected values are the rule table's (docs/rules.md), not the package's:
 the actor and ref of verl's Megatron TP=2 example
