@@ -17,7 +17,8 @@ import ray
 def seen():
     text = os.environ.get("RAY_MEGATRON_ENV_DECISION")
     d = json.loads(text) if text else {}
-    return [os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), d.get("via"), d.get("source")]
+    return [os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), d.get("via"), d.get("source"),
+            os.environ.get("USER_HOOK_RAN")]
 
 
 def _engine_core(address, runtime_env, nodes, queue):

@@ -401,6 +401,7 @@ def test_a_driver_nested_in_a_worker_of_a_submitted_job_starts_and_decides(drive
     assert lines, output[-4000:]
     hook = "ray_megatron_env.worker.setup_hook"
     assert json.loads(lines[-1][len("NESTED "):]) == {
-        "workers": {"head": [None, "setup-hook", "none"], "h100": ["1", "setup-hook", "policy"],
-                    "b200": [None, "setup-hook", "none"]},
+        "workers": {"head": [None, "setup-hook", "none", None],
+                    "h100": ["1", "setup-hook", "policy", None],
+                    "b200": [None, "setup-hook", "none", None]},
         "hook": [hook, hook]}
