@@ -169,25 +169,7 @@ def complete_submitted_env(runtime_env: Optional[Dict[str, Any]], job_env: Mappi
     missing = [m for m in job_env.get("py_modules") or () if m not in modules]
     if missing:
         env["py_modules"] = modules + missing
-    # Ray's own carrier of a setup hook, in env_vars only when a driver
-    # passes an environment that had it (a driver started inside a worker):
-    # Ray would refuse it beside the field (2.41: an assertion; 2.60:
-    # "Conflicting worker_process_setup_hook"), so it becomes a chained hook.
-    from .worker import RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, next_setup_hooks
-
-    inherited = env_vars.pop(RAY_SETUP_HOOK_VARIABLE, None)
-    if inherited and inherited != SETUP_HOOK_PATH:
-        if inherited.startswith(_EXPORTED_FUNCTION):
-            raise ValueError(
-                f"ray_megatron_env: this driver's ray.init env_vars carry {RAY_SETUP_HOOK_VARIABLE}"
-                f"={inherited[:60]}..., a function another job exported as its setup hook, which "
-                "no setup hook of this job can call; remove that variable from the env_vars "
-                "the driver passes to ray.init (it is Ray's own, reserved)")
-        from .worker import NEXT_SETUP_HOOK_VARIABLE
-
-        hooks = next_setup_hooks(env_vars)
-        if inherited not in hooks:
-            env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join([inherited, *hooks])
+    take_inherited_setup_hook(env_vars)
     if env_vars:
         env["env_vars"] = env_vars
     else:
@@ -204,8 +186,55 @@ def driver_environment(job_env: Optional[Mapping[str, Any]],
     return {k: v for k, v in environ.items() if _ours(k) or given.get(k) != v}
 
 
+def take_inherited_setup_hook(env_vars: Dict[str, str]) -> None:
+    """Ray's own carrier of a setup hook, ``__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR``,
+    taken out of ``env_vars`` (in place) of an env that carries the field.
+
+    It is there when the driver runs inside a worker of a job whose env had
+    a setup hook: vLLM's Ray executor passes the worker's own runtime env
+    (``ray.get_runtime_context().runtime_env``, which holds the variable
+    Ray wrote, beside the field and the setup hook), and a driver that
+    passes its environment as ``env_vars`` (NeMo-RL) copies it. Beside a
+    ``worker_process_setup_hook`` field Ray refuses it (2.41 to 2.54: an
+    assertion in ``export_setup_func_module``, "reserved for the internal
+    use"; from 2.55: "Conflicting worker_process_setup_hook" unless it is
+    the same string). This package's own hook is dropped, since
+    ``build_runtime_env`` sets the field to it again and Ray writes the
+    variable anew; another hook module becomes a chained hook. A function
+    another job exported cannot be called from this job's hook: refused."""
+    from .worker import NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH
+
+    inherited = env_vars.pop(RAY_SETUP_HOOK_VARIABLE, None)
+    if not inherited or inherited == SETUP_HOOK_PATH:
+        return
+    if inherited.startswith(_EXPORTED_FUNCTION):
+        raise ValueError(
+            f"ray_megatron_env: this driver's ray.init env_vars carry {RAY_SETUP_HOOK_VARIABLE}"
+            f"={inherited[:60]}..., a function another job exported as its setup hook, which "
+            "no setup hook of this job can call; remove that variable from the env_vars "
+            "the driver passes to ray.init (it is Ray's own, reserved)")
+    from .worker import next_setup_hooks
+
+    hooks = next_setup_hooks(env_vars)
+    if inherited not in hooks:
+        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join([inherited, *hooks])
+
+
+def rays_uv_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What Ray 2.47 to 2.54 run instead of RAY_RUNTIME_ENV_HOOK in a driver
+    under ``uv run``, where a worker's setup hook turned Ray's switch off so
+    that this hook runs too (``worker.uv_hook_replaces_driver_hook``)."""
+    from ray._private.runtime_env import uv_runtime_env_hook as uv
+
+    return uv.hook(runtime_env) if uv._get_uv_run_cmdline() else runtime_env
+
+
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
+    from .worker import NESTED_VARIABLE, UV_HOOK_VARIABLE
+
+    if os.environ.get(UV_HOOK_VARIABLE) == "1":
+        runtime_env = rays_uv_hook(runtime_env)
     job_env = submitted_job_env()
     if job_env is not None:
         runtime_env = complete_submitted_env(
@@ -213,8 +242,16 @@ def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str
     take_over = take_over_requested()
     if runtime_env and runtime_env.get(FIELD) is not None:
         base = {key: value for key, value in runtime_env.items() if key != FIELD}
+        if isinstance(base.get("env_vars"), Mapping):
+            # A driver inside a worker (vLLM's Ray executor) passes that
+            # worker's env, with Ray's own setup-hook variable in it.
+            base["env_vars"] = dict(base["env_vars"])
+            take_inherited_setup_hook(base["env_vars"])
+            if not base["env_vars"]:
+                del base["env_vars"]
         runtime_env = build_runtime_env(runtime_env[FIELD], base=base, take_over=take_over,
-                                        driver_environ=driver_environment(job_env))
+                                        driver_environ=({} if os.environ.get(NESTED_VARIABLE) == "1"
+                                                        else driver_environment(job_env)))
     elif take_over and CONNECTIONS_VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
         logger.warning(
             "%s=1 but the job's runtime env has no %s field: keeping the explicit %s=%s for "

@@ -47,6 +47,20 @@ NEXT_SETUP_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_SETUP_HOOK"
 # set directly, it runs the hook in workers of an actor-level env too.
 RAY_SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 LOG_NAME = "megatron_env_setup_hook"
+# Ray's driver hook (ray_constants.RAY_RUNTIME_ENV_HOOK, read by ray.init),
+# this package's (runtime_env.HOOK_PATH) and the one it runs next
+# (hook.NEXT_HOOK_VARIABLE); a test keeps them equal.
+DRIVER_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"
+DRIVER_HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
+NEXT_DRIVER_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
+# Ray's switch for its uv hook (ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV),
+# and ours saying that the driver hook runs Ray's uv hook in its place.
+UV_SWITCH_VARIABLE = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
+UV_HOOK_VARIABLE = "RAY_MEGATRON_ENV_UV_HOOK"
+# Set in every worker for the drivers it starts: their environment is this
+# worker's, whose values the decision wrote or the job set, never a copy of
+# a driver host's (runtime_env.driver_copies), so the driver hook lists none.
+NESTED_VARIABLE = "RAY_MEGATRON_ENV_NESTED_DRIVER"
 
 
 def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Decision"]:
@@ -66,6 +80,7 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
     bad field raises, as it fails the worker through the plugin; a probe
     problem never does."""
     try:
+        hook_nested_drivers(os.environ)
         node_environ = node_environment()
         if not plugin_decided(os.environ, node_environ):
             import ray
@@ -80,6 +95,47 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
             hook()
         if then is not None:
             then()
+
+
+def hook_nested_drivers(environ: MutableMapping[str, str]) -> None:
+    """Have a driver started inside this worker (vLLM's Ray executor: a
+    subprocess calling ``ray.init(address=..., runtime_env=<this worker's
+    runtime env>)``) run this package's driver hook, which takes Ray's own
+    setup-hook variable out of the env it passes (``hook.take_inherited_setup_hook``):
+    Ray 2.41 to 2.54 refuse that variable beside the ``worker_process_setup_hook``
+    field. A driver hook the worker already has runs after ours."""
+    environ[NESTED_VARIABLE] = "1"
+    current = environ.get(DRIVER_HOOK_VARIABLE, "").strip()
+    if current == DRIVER_HOOK_PATH:
+        return
+    if current:
+        environ[NEXT_DRIVER_HOOK_VARIABLE] = current
+    environ[DRIVER_HOOK_VARIABLE] = DRIVER_HOOK_PATH
+    if uv_hook_replaces_driver_hook():
+        environ[UV_SWITCH_VARIABLE] = "0"
+        environ[UV_HOOK_VARIABLE] = "1"
+
+
+def uv_hook_replaces_driver_hook() -> bool:
+    """Ray 2.47 to 2.54: a driver with a ``uv run`` ancestor (a worker of a
+    job run under ``uv run`` has one) gets Ray's uv hook instead of
+    ``RAY_RUNTIME_ENV_HOOK`` (``ray/_private/worker.py``,
+    ``_maybe_modify_runtime_env``), and these releases still assert on the
+    setup hook's variable (2.55 checks it instead:
+    ``setup_hook._check_setup_hook_consistency``). There Ray's switch goes
+    off for processes this worker starts, and the driver hook runs Ray's uv
+    hook itself, first (``hook.runtime_env_hook``)."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.runtime_env import setup_hook
+
+        if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False) \
+                or hasattr(setup_hook, "_check_setup_hook_consistency"):
+            return False
+        from ray._private.runtime_env import uv_runtime_env_hook  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 # Every variable a pack reads from a worker's or a node's environment (the

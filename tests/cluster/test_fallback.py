@@ -34,11 +34,19 @@ def megatron_job(cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("megatron_job")
     config = tmp / "config.yaml"
     OmegaConf.save(verl(*MEGATRON_TP2, "critic.strategy=fsdp"), config)
-    return {part: brief(seen) for part, seen in run_job(cluster, tmp, f"""
+    return {part: seen if part == "nested" else brief(seen) for part, seen in run_job(cluster, tmp, f"""
         env = build_runtime_env({str(config)!r}, base={{
             "worker_process_setup_hook": "fallback_user_hook.mark",
             "env_vars": {{"PYTHONPATH": {str(HELPERS)!r}}}}})
         ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
+        # vLLM's Ray executor in an actor on each path (tests/helpers/nested_driver.py).
+        sys.path.insert(0, {str(HELPERS)!r})
+        from nested_driver import Engine
+
+        engines = {{n: Engine.options(resources={{"rme_" + n: 1}}).remote()
+                    for n in ("h100_b200", "unplugged")}}
+        nested = {{n: e.start_nested_driver.remote(["h100_b200", "unplugged", "b200"])
+                   for n, e in engines.items()}}
         nodes = ["cpu_head", "a100", "b200", "unplugged", "a100_inherit1_unplugged"]
         out = {{"job": on(nodes), "again": on(["unplugged"])}}
         # A per-role env under the job env: the critic is FSDP.
@@ -49,6 +57,7 @@ def megatron_job(cluster, tmp_path_factory):
                              runtime_env={{"env_vars": {{"WG_PREFIX": "actor_"}}}})
         out["explicit"] = on(["a100_inherit1_unplugged", "a100"],
                              runtime_env={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "4"}}}})
+        out["nested"] = {{n: ray.get(ref, timeout=220) for n, ref in nested.items()}}
         print(json.dumps(out))
     """).items()}
 
@@ -74,6 +83,19 @@ def test_every_node_gets_its_value_registered_or_not(megatron_job):
         "b200": (None, "plugin", "none"),
         "unplugged": ("1", "setup-hook", "policy"),
         "a100_inherit1_unplugged": ("1", "setup-hook", "node")}
+
+
+def test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided(megatron_job):
+    # vLLM's Ray executor in an actor on a registered node decided by its
+    # H100 and on an unregistered H100 node: its ray.init with the actor's
+    # env, which Ray 2.41 to 2.54 refused ("reserved for the internal use").
+    # Its workers: each node's value, on both paths, the user's hook after ours.
+    workers = {"h100_b200": ["1", "plugin", "policy", "string"],
+               "unplugged": ["1", "setup-hook", "policy", "string"],
+               "b200": [None, "plugin", "none", "string"]}
+    hook = "ray_megatron_env.worker.setup_hook"
+    assert megatron_job["nested"] == {driver: {"workers": workers, "hook": [hook, hook]}
+                                      for driver in ("h100_b200", "unplugged")}
 
 
 def test_the_users_own_setup_hook_still_runs(megatron_job):

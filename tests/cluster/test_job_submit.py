@@ -13,7 +13,8 @@ from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted driver does), so two
 submissions run twelve jobs in a row on the same nodes. The drivers are of
 the shapes the frameworks have (verl: its own env_vars; NeMo-RL: its whole
 environment; a driver with its own setup hook, a string and a callable; a
-driver whose env_vars clash with the job env's).
+driver whose env_vars clash with the job env's; in the first submission, a
+driver that starts another inside an actor, as vLLM's Ray executor does).
 
 Expected values are the rule table's (docs/rules.md), not the package's:
 the actor and ref of verl's Megatron TP=2 example
@@ -44,6 +45,7 @@ import pytest
 
 from configs import MEGATRON_YAML
 from drivers import driver_environment
+from paths import TESTS
 from ray_megatron_env.simulation import NODE_RAY_SETTINGS
 
 # ray_version_specific: job submission, the job config and the runtime env merge
@@ -89,6 +91,8 @@ elif shape == "hook-callable":
 elif shape == "nemo-rl-hook":
     ray.init(address="auto", runtime_env={"env_vars": dict(os.environ),
                                           "worker_process_setup_hook": "userhook.mark"})
+elif shape == "nested":      # verl's env_vars; then vLLM's Ray executor in an actor
+    ray.init(runtime_env={"env_vars": env_vars})
 elif shape == "clash":       # a key the job env also sets, to another value
     ray.init(runtime_env={"env_vars": {"NCCL_DEBUG": "INFO"}})
 print("CONNECTED", flush=True)
@@ -102,6 +106,11 @@ def seen():
             "hook": os.environ.get("USER_HOOK_RAN"), "pid": os.getpid()}
 
 names = sys.argv[2].split(",")
+if shape == "nested":  # tests/helpers/nested_driver.py, on the H100 node
+    from nested_driver import Engine
+
+    engine = Engine.options(resources={"rme_h100": 1}).remote()
+    print("NESTED " + json.dumps(ray.get(engine.start_nested_driver.remote(names), timeout=240)))
 refs = [seen.options(resources={"rme_" + n: 1}).remote() for n in names]
 print("RESULT " + json.dumps(dict(zip(names, ray.get(refs, timeout=120)))), flush=True)
 '''
@@ -289,6 +298,7 @@ def workdir(tmp_path_factory):
     (folder / "driver.py").write_text(DRIVER)
     (folder / "drivers.py").write_text(DRIVERS)
     (folder / "userhook.py").write_text(USER_HOOK)
+    shutil.copy(TESTS / "helpers" / "nested_driver.py", folder)
     return folder
 
 
@@ -344,12 +354,13 @@ def drivers(job_cluster, workdir, job_envs):
     job env, every shape's driver in it, the clashing one last."""
     runs = {}
     for override in (False, True):
-        code, output = job_cluster.submit(job_envs[override], workdir, [*SHAPES, "clash"])
+        shapes = [*SHAPES, "clash", *(() if override else ("nested",))]
+        code, output = job_cluster.submit(job_envs[override], workdir, shapes)
         # The entrypoint ends well even when a driver fails: each driver's
         # own exit code is in its frame.
         assert code == 0, output[-4000:]
         runs[override] = by_shape(output)
-        assert list(runs[override]) == [*SHAPES, "clash"], output[-4000:]
+        assert list(runs[override]) == shapes, output[-4000:]
     return runs
 
 
@@ -376,3 +387,20 @@ def test_a_real_conflict_fails_before_any_worker_starts_and_names_the_fix(driver
     code, output = drivers[True]["clash"]
     assert code == 0, output[-4000:]
     assert {n: w["value"] for n, w in result(output).items()} == EXPECTED
+
+
+def test_a_driver_nested_in_a_worker_of_a_submitted_job_starts_and_decides(drivers):
+    # The env of `runtime-env --ship-package`, nodes without the package or
+    # the plugin: a driver started in a worker as vLLM's Ray executor starts
+    # one (tests/helpers/nested_driver.py) passes that worker's env to ray.init,
+    # which Ray 2.41 to 2.54 refused ("reserved for the internal use").
+    code, output = drivers[False]["nested"]
+    assert code == 0, output[-4000:]
+    lines = [line for line in output.splitlines() if line.startswith("NESTED ")]
+    assert lines, output[-4000:]
+    hook = "ray_megatron_env.worker.setup_hook"
+    assert json.loads(lines[-1][len("NESTED "):]) == {
+        "workers": {"head": [None, "setup-hook", "none", None],
+                    "h100": ["1", "setup-hook", "policy", None],
+                    "b200": [None, "setup-hook", "none", None]},
+        "hook": [hook, hook]}

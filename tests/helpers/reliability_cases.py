@@ -259,6 +259,14 @@ FAULTS: Tuple[Fault, ...] = (
           ("cluster/test_fallback.py::test_every_node_gets_its_value_registered_or_not",
            "cluster/test_plugin.py::test_a_task_env_alone_is_not_decided_on_a_node_without_the_plugin",
            "cluster/test_operator.py::test_check_strict_shows_which_path_decides_on_every_node")),
+    Fault("a driver started inside a worker (vLLM's Ray executor: ray.init with the worker's "
+          "own runtime env), on Ray 2.41 to 2.54, which assert on the setup hook's variable "
+          "beside the field", "it starts: the setup hook sets this package's "
+          "RAY_RUNTIME_ENV_HOOK in the worker, which drops that variable and Ray writes it "
+          "anew; its workers get their node's value and record on both paths", "nothing",
+          ("cluster/test_fallback.py::test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided",
+           "cluster/test_job_submit.py::test_a_driver_nested_in_a_worker_of_a_submitted_job_starts_and_decides",
+           "unit/test_job_submission.py::test_a_driver_nested_in_a_worker_passes_rays_upload")),
     Fault("plugin registered but the package not installed on a node", "Ray's agent cannot "
           "import the class, the raylet exits and the node never joins; the agent's "
           "runtime_env_agent*.err names the missing module (Ray's behaviour, not the plugin's)",

@@ -125,6 +125,30 @@ def test_the_driver_hook_finds_nemo_rls_copy(monkeypatch):
     assert env["megatron_env"]["driver_env"] == {ARCHS: IMAGE_ARCHS, CUDA: "1"}
 
 
+def test_a_driver_nested_in_a_worker_lists_no_copy(monkeypatch):
+    # In a worker the environment holds the values the job set (kept
+    # explicit) or the decision wrote, never a driver host's copy: a driver
+    # started there (vLLM's Ray executor; the setup hook marks the worker)
+    # passes the worker's runtime env, and those values stay what they were.
+    from ray_megatron_env.worker import hook_nested_drivers
+
+    for name in (JOB_CONFIG_VARIABLE, "RAY_MEGATRON_ENV_EXPLICIT", "RAY_MEGATRON_ENV_TAKE_OVER",
+                 "RAY_MEGATRON_ENV_NEXT_HOOK", "RAY_RUNTIME_ENV_HOOK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(ARCHS, IMAGE_ARCHS)
+    import os
+
+    marked = dict(os.environ)
+    hook_nested_drivers(marked)
+    for name in set(marked) - set(os.environ):
+        monkeypatch.setenv(name, marked[name])
+    field = {**json.loads(json.dumps(build_runtime_env(str(NEMO_RL_MEGATRON),
+                                                       driver_environ={})["megatron_env"])),
+             "packs": ["torch-arch"]}
+    env = runtime_env_hook({"megatron_env": field, "env_vars": {ARCHS: IMAGE_ARCHS}})
+    assert "driver_env" not in env["megatron_env"] and env["env_vars"][ARCHS] == IMAGE_ARCHS
+
+
 def test_a_submitted_env_vars_value_is_the_users_not_the_drivers():
     # ray job submit puts the submitted env_vars into the driver's
     # environment: there they are the user's explicit values.

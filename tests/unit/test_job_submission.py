@@ -139,3 +139,94 @@ def test_outside_a_submitted_job_nothing_is_completed(monkeypatch):
     monkeypatch.delenv(JOB_CONFIG_VARIABLE, raising=False)
     env = runtime_env_hook({"worker_process_setup_hook": "userhook.mark"})
     assert env == {"worker_process_setup_hook": "userhook.mark"}
+
+
+# A driver nested in a worker (vLLM's Ray executor) passes that worker's own
+# runtime env to ray.init: the job env after Ray's upload in the job's driver
+# wrote its setup-hook variable into env_vars. Ray 2.41 to 2.54 assert on it
+# beside the field (setup_hook.export_setup_func_module); 2.55 and later
+# check that the two agree. tests/cluster/test_fallback.py runs it live.
+HOOK = "ray_megatron_env.worker.setup_hook"
+NESTED_JOB_ENVS = {
+    "build_runtime_env": lambda: build_runtime_env(MEGATRON_YAML),
+    "build_runtime_env, a user's hook": lambda: build_runtime_env(
+        MEGATRON_YAML, base={"worker_process_setup_hook": "userhook.mark"}),
+    "runtime-env": lambda: job_submission_env(build_runtime_env(MEGATRON_YAML), "verl")[0],
+    # --ship-package: py_modules as a worker sees it, uploaded
+    "runtime-env --ship-package": lambda: job_submission_env(build_runtime_env(
+        MEGATRON_YAML, base={"py_modules": ["gcs://_ray_pkg_0123456789abcdef.zip"]}), "verl")[0],
+}
+
+
+@pytest.mark.ray_version_specific  # Ray's own upload of the setup hook
+@pytest.mark.parametrize("source", NESTED_JOB_ENVS)
+def test_a_driver_nested_in_a_worker_passes_rays_upload(monkeypatch, source):
+    from ray._private.runtime_env.setup_hook import upload_worker_process_setup_hook_if_needed
+    from ray.runtime_env import RuntimeEnv
+
+    from ray_megatron_env.worker import hook_nested_drivers
+
+    job = json.loads(json.dumps(NESTED_JOB_ENVS[source]()))
+    # What the job's driver uploads, and what a worker then reads back.
+    worker_env = RuntimeEnv(**upload_worker_process_setup_hook_if_needed(
+        json.loads(json.dumps(job)), None))
+    assert worker_env["env_vars"][RAY_SETUP_HOOK_VARIABLE] == HOOK
+    # The worker's setup hook sets the driver hook; a process it starts
+    # inherits it (no job config there: not a submitted job's driver).
+    monkeypatch.delenv(JOB_CONFIG_VARIABLE, raising=False)
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_RUNTIME_ENV_HOOK"}
+    hook_nested_drivers(environ)
+    assert environ["RAY_RUNTIME_ENV_HOOK"] == "ray_megatron_env.hook.runtime_env_hook"
+    env = runtime_env_hook(worker_env)
+    env = upload_worker_process_setup_hook_if_needed(env, None)  # no assertion, no conflict
+    assert env["worker_process_setup_hook"] == HOOK
+    assert env["env_vars"][RAY_SETUP_HOOK_VARIABLE] == HOOK
+    assert env["megatron_env"] == job["megatron_env"]
+    assert env["env_vars"].get(NEXT_SETUP_HOOK_VARIABLE) == job["env_vars"].get(
+        NEXT_SETUP_HOOK_VARIABLE)
+    assert env.get("py_modules") == job.get("py_modules")
+
+
+def test_a_workers_own_driver_hook_runs_after_ours():
+    from ray._private import ray_constants
+
+    from ray_megatron_env import worker
+    from ray_megatron_env.hook import NEXT_HOOK_VARIABLE
+    from ray_megatron_env.runtime_env import HOOK_PATH
+
+    assert (worker.DRIVER_HOOK_VARIABLE, worker.DRIVER_HOOK_PATH,
+            worker.NEXT_DRIVER_HOOK_VARIABLE) == (ray_constants.RAY_RUNTIME_ENV_HOOK, HOOK_PATH,
+                                                  NEXT_HOOK_VARIABLE)
+    environ = {"RAY_RUNTIME_ENV_HOOK": "my.hook"}
+    worker.hook_nested_drivers(environ)
+    worker.hook_nested_drivers(environ)
+    assert {k: environ[k] for k in ("RAY_RUNTIME_ENV_HOOK", "RAY_MEGATRON_ENV_NEXT_HOOK")} == {
+        "RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
+        "RAY_MEGATRON_ENV_NEXT_HOOK": "my.hook"}
+
+
+def test_under_uv_run_on_ray_2_47_to_2_54_the_driver_hook_runs_rays_uv_hook_first(monkeypatch):
+    # Those releases give a driver under `uv run` Ray's uv hook instead of
+    # RAY_RUNTIME_ENV_HOOK, and still assert on the setup hook's variable.
+    uv = pytest.importorskip("ray._private.runtime_env.uv_runtime_env_hook")
+    from ray._private.runtime_env import setup_hook
+
+    from ray_megatron_env.worker import hook_nested_drivers
+
+    monkeypatch.delattr(setup_hook, "_check_setup_hook_consistency", raising=False)
+    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: ["uv", "run", "--python", "3.11",
+                                                            "train.py"])
+    environ = {}
+    hook_nested_drivers(environ)
+    assert environ == {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
+                       "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_MEGATRON_ENV_UV_HOOK": "1",
+                       "RAY_MEGATRON_ENV_NESTED_DRIVER": "1"}
+    monkeypatch.delenv(JOB_CONFIG_VARIABLE, raising=False)
+    monkeypatch.setenv("RAY_MEGATRON_ENV_UV_HOOK", "1")
+    job = build_runtime_env(MEGATRON_YAML)
+    env = runtime_env_hook({**job, "env_vars": {**job["env_vars"], RAY_SETUP_HOOK_VARIABLE: HOOK}})
+    # what Ray's uv hook sets ("uv run --python 3.11", with " python" from 2.5x)
+    assert env["py_executable"] == uv.hook({})["py_executable"]
+    assert env["py_executable"].startswith("uv run --python 3.11")
+    assert RAY_SETUP_HOOK_VARIABLE not in env["env_vars"]
+    assert env["worker_process_setup_hook"] == HOOK

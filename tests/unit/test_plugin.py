@@ -1,7 +1,7 @@
 """The plugin called as Ray's agent calls it (validate, create,
 modify_context), in process: what a worker's environment gets, what the
 agent refuses, and what it keeps per worker. The same on live agents:
-tests/cluster/test_plugin.py, test_bad_input.py, test_load.py."""
+tests/cluster/test_plugin.py, cluster/test_bad_input.py, cluster/test_load.py."""
 
 import asyncio
 import gc
