@@ -265,11 +265,8 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_runtime_env(args: argparse.Namespace) -> int:
-    from .hook import TAKE_OVER_VARIABLE
-    from .job_submission import job_submission_env
-    from .engines import CONNECTIONS_VARIABLE
     from .frameworks.loading import load_yaml, to_plain
-    from .runtime_env import build_runtime_env, configured_value
+    from .job_submission import submission_env
 
     if (args.config is None) == (args.command is None):
         raise MegatronEnvError("give the training config, or the training command's arguments "
@@ -278,28 +275,9 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
     base = load_yaml(args.base) if args.base else _json_object(args.base_json)
     if args.ship_package and (base is None or isinstance(base, dict)):
         base = _shipped_package(base)  # any other base: build_runtime_env says what is wrong
-    # read once, for both uses below
     config = to_plain(args.config if args.config is not None else args.command)
-    # The env is the submitted one, not a copy of this shell's environment: the
-    # driver hook looks for the driver's copied values in the job's driver.
-    env = build_runtime_env(config, role=_roles(args.role), base=base, take_over=args.take_over,
-                            packs=_packs(args.packs), driver_environ={})
-    deliberate = configured_value(config) if args.take_over else None
-    framework = env["megatron_env"].get("framework")
-    if deliberate is not None:
-        # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
-        # applied by verl's driver in ray.init; a second copy in the job env
-        # would make Ray refuse to merge the two. Nothing to take over there.
-        env["env_vars"].pop(CONNECTIONS_VARIABLE, None)
-        print(f"note: the config sets {CONNECTIONS_VARIABLE}={deliberate} itself; verl's driver "
-              "applies it as an explicit value, so the job env leaves it to the driver",
-              file=sys.stderr)
-    elif args.take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
-        # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
-        # value in ray.init; the driver hook (which every submitted env
-        # sets: job_submission_env) takes that over too.
-        env.setdefault("env_vars", {})[TAKE_OVER_VARIABLE] = "1"
-    env, notes = job_submission_env(env, framework)
+    env, notes = submission_env(config, role=_roles(args.role), base=base,
+                                take_over=args.take_over, packs=_packs(args.packs))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
@@ -309,12 +287,6 @@ def cmd_runtime_env(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(env, sort_keys=False).rstrip())
     return OK
-
-
-# Frameworks whose job driver adds no value of its own in ray.init (slime's
-# train.py never calls ray.init with a runtime env): the value in the job env
-# is all there is to take over, so the driver hook is not needed there.
-DRIVERS_WITHOUT_A_VALUE = ("slime",)
 
 
 def _json_object(text: Optional[str]) -> Optional[dict]:

@@ -1,22 +1,52 @@
-"""The runtime env for ``ray job submit``, kept clear of the job driver's own.
+"""``ray job submit``, both ends: the env to submit, and its merge with the
+job driver's own ``ray.init`` env, completed in that driver.
 
-A submitted job's driver calls ``ray.init(runtime_env=...)`` itself, and Ray
-merges that env with the submitted one, refusing a key both carry. What each
-framework's driver adds (verl 0.9.1 ``get_ppo_ray_runtime_env``, NeMo-RL
-``init_ray``), what the submitted env therefore leaves out and sets for the
-driver hook, and why: docs/how-it-works.md#ray-job-submit-the-drivers-own-env-and-setup-hook.
+* ``submission_env`` (``ray-megatron-env runtime-env``): the job env from
+  ``build_runtime_env``, kept clear of what the framework's driver adds in
+  its own ``ray.init`` (Ray refuses a key both carry), with the driver hook
+  set for the job's driver process.
+* ``complete_submitted_env`` (run by the driver hook, ``hook.py``, inside
+  that ``ray.init``): the merge Ray made, completed so that nothing of
+  either env is lost.
+
+What each framework's driver adds, and why each step is needed:
+docs/how-it-works.md#ray-job-submit-the-drivers-own-env-and-setup-hook.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .hook import (
-    DRIVER_HOOK_VARIABLE, MERGE_OVERRIDE, MERGE_STRICT, MERGE_VARIABLE, NEXT_HOOK_VARIABLE,
-    OVERRIDE_VARIABLE,
+from .engines import CONNECTIONS_VARIABLE
+from .runtime_env import (
+    HOOK_PATH, TAKE_OVER_VARIABLE, ConfigLike, Roles, build_runtime_env, configured_value,
 )
-from .runtime_env import HOOK_PATH
-from .worker import FIELD_VARIABLE
+from .values import FIELD
+from .worker import (
+    DRIVER_HOOK_VARIABLE, FIELD_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE,
+    SETUP_HOOK_FIELD, take_inherited_setup_hook,
+)
+
+# Ray's switch that lets ray.init's env win a conflict with a submitted
+# job's, and the variable in which the job supervisor hands a submitted
+# job's env to its driver (ray._private.runtime_env.constants): the same
+# names from 2.41 to 2.60.
+OVERRIDE_VARIABLE = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
+JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+# How a submitted env wants its merge with the driver's ray.init env: strict
+# (Ray's default: a key both set differently is an error) or override (the
+# driver's wins, as RAY_OVERRIDE_JOB_RUNTIME_ENV=1 makes it). The submitted
+# env sets RAY_OVERRIDE_JOB_RUNTIME_ENV=1 itself so that Ray merges at all;
+# this says what the user asked for.
+MERGE_VARIABLE = "RAY_MEGATRON_ENV_MERGE"
+MERGE_STRICT, MERGE_OVERRIDE = "strict", "override"
+
+# Frameworks whose job driver adds no value of its own in ray.init (slime's
+# train.py never calls ray.init with a runtime env): the value in the job env
+# is all there is to take over, so the driver needs no take-over there.
+DRIVERS_WITHOUT_A_VALUE = ("slime",)
 
 # verl's driver sets these whatever the driver's environment holds.
 VERL_ALWAYS_SET = ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "VERL_RL_INSIGHT_ENABLE",
@@ -28,6 +58,34 @@ VERL_ALWAYS_SET = ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "VERL_RL_INS
 SKYRL_SETS = {"NCCL_CUMEM_ENABLE": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
               "NVTE_FUSED_ATTN": "0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
               "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
+
+def submission_env(config: ConfigLike, *, role: Roles = None, base: Any = None,
+                   take_over: bool = False,
+                   packs: Optional[Sequence[str]] = None) -> Tuple[Dict[str, Any], List[str]]:
+    """The runtime env to give ``ray job submit`` for ``config``, and notes
+    for the user. The env is the submitted one, not a copy of this shell's
+    environment: the driver hook looks for a driver's copied values
+    (``driver_env``) in the job's own driver."""
+    env = build_runtime_env(config, role=role, base=base, take_over=take_over, packs=packs,
+                            driver_environ={})
+    framework = env["megatron_env"].get("framework")
+    notes: List[str] = []
+    deliberate = configured_value(config) if take_over else None
+    if deliberate is not None:
+        # The user's own value (ray_kwargs.ray_init.runtime_env.env_vars) is
+        # applied by verl's driver in ray.init; a second copy in the job env
+        # would make Ray refuse to merge the two. Nothing to take over there.
+        env["env_vars"].pop(CONNECTIONS_VARIABLE, None)
+        notes.append(f"the config sets {CONNECTIONS_VARIABLE}={deliberate} itself; verl's "
+                     "driver applies it as an explicit value, so the job env leaves it to the "
+                     "driver")
+    elif take_over and framework not in DRIVERS_WITHOUT_A_VALUE:
+        # The job's driver (e.g. verl's main_ppo) may add its own hard-coded
+        # value in ray.init; the driver hook takes that over too.
+        env.setdefault("env_vars", {})[TAKE_OVER_VARIABLE] = "1"
+    env, more = job_submission_env(env, framework)
+    return env, notes + more
 
 
 def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, Any], List[str]]:
@@ -69,3 +127,89 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
     env_vars[MERGE_VARIABLE] = MERGE_OVERRIDE if asked else MERGE_STRICT
     out["env_vars"] = env_vars
     return out, notes
+
+
+def submitted_job_env(environ: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
+    """The runtime env ``ray job submit`` gave this driver (its job
+    supervisor's, in RAY_JOB_CONFIG_JSON_ENV_VAR, which ``ray.init`` merges
+    with its own), when it carries the field; else None."""
+    text = environ.get(JOB_CONFIG_VARIABLE)
+    if not text:
+        return None
+    try:
+        env = (json.loads(text) or {}).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return None
+    return env if isinstance(env, dict) and env.get(FIELD) is not None else None
+
+
+def _ours(name: str) -> bool:
+    """An env_vars key the submitted env sets for this package."""
+    return name.startswith("RAY_MEGATRON_ENV_") or name in (DRIVER_HOOK_VARIABLE,
+                                                            OVERRIDE_VARIABLE)
+
+
+def _same(a: Any, b: Any) -> bool:
+    def text(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, default=repr)
+    return text(a) == text(b)
+
+
+def complete_submitted_env(runtime_env: Optional[Dict[str, Any]], job_env: Mapping[str, Any],
+                           strict: bool) -> Dict[str, Any]:
+    """The env Ray merged (the submitted ``job_env`` with this driver's
+    ``ray.init`` env, the driver's winning every conflict, since the
+    submitted env sets RAY_OVERRIDE_JOB_RUNTIME_ENV=1), completed so that
+    nothing of either is lost:
+
+    * ``strict``: a key both set to different values (outside this
+      package's own) is refused, as Ray's own merge refuses it;
+    * this package's ``env_vars`` and ``py_modules`` entries come back
+      where the driver's replaced them;
+    * the driver's own ``worker_process_setup_hook`` runs after this
+      package's (``build_runtime_env`` chains it next), never instead.
+
+    Raises ValueError where both cannot be kept, naming the conflict and
+    the line that resolves it. Ray calls the hook in ``ray.init`` before it
+    uploads anything, so the job fails before any worker starts."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    job_vars = job_env.get("env_vars") or {}
+    if strict:
+        clashes = [key for key, value in job_env.items()
+                   if key not in ("env_vars", "py_modules", SETUP_HOOK_FIELD)
+                   and key in env and not _same(env[key], value)]
+        clashes += [f"env_vars.{key}" for key, value in job_vars.items()
+                    if not _ours(key) and key in env_vars and env_vars[key] != value]
+        if clashes:
+            raise ValueError(
+                f"ray_megatron_env: this driver's ray.init runtime env sets {', '.join(clashes)} "
+                "to a value other than the submitted job env's, and Ray refuses to merge two "
+                "envs that both set a key (\"Failed to merge the Job's runtime env\"); this job "
+                f"env does the same ({MERGE_VARIABLE}={MERGE_STRICT}). To let the driver's "
+                f"values win, as {OVERRIDE_VARIABLE}=1 does, set {MERGE_VARIABLE}: "
+                f"{MERGE_OVERRIDE} in the job env's env_vars (or give ray-megatron-env "
+                f"runtime-env a base whose env_vars have {OVERRIDE_VARIABLE}: \"1\"); or "
+                "remove the key from one of the two")
+    for key, value in job_vars.items():
+        if _ours(key):
+            env_vars[key] = value
+    modules = list(env.get("py_modules") or [])
+    missing = [m for m in job_env.get("py_modules") or () if m not in modules]
+    if missing:
+        env["py_modules"] = modules + missing
+    take_inherited_setup_hook(env_vars)
+    if env_vars:
+        env["env_vars"] = env_vars
+    else:
+        env.pop("env_vars", None)
+    return env
+
+
+def driver_environment(job_env: Optional[Mapping[str, Any]],
+                       environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """This driver's own environment, as a framework copies it into env_vars,
+    less what a submitted job env put there (its ``env_vars`` are in the
+    driver's environment, and they are the user's explicit values)."""
+    given = (job_env or {}).get("env_vars") or {}
+    return {k: v for k, v in environ.items() if _ours(k) or given.get(k) != v}

@@ -19,11 +19,14 @@ from .errors import EnvironmentVariableError, FieldValueError
 from .frameworks.compact import MAX_DRIVER_VALUE
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
 from .packs import get_pack
-from .spec import read_packs
 from .packs.connections import explicit_value, hard_conflict_everywhere
 from .spec import Roles, Spec, read_packs
 from .values import FIELD, fail_type, lookup
-from .worker import add_setup_hook
+from .worker import DRIVER_HOOK_PATH, add_setup_hook
+
+# The driver hook's switch for take-over (hook.take_over_requested), which
+# job_submission writes into a submitted env.
+TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"
 
 
 
@@ -144,7 +147,7 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
 
 
 # Ray's driver hook runs this (hook.py), set in RAY_RUNTIME_ENV_HOOK.
-HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
+HOOK_PATH = DRIVER_HOOK_PATH
 
 
 def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str]:

@@ -40,7 +40,7 @@ SETUP_HOOK_PATH = "ray_megatron_env.worker.setup_hook"
 FIELD_VARIABLE = "RAY_MEGATRON_ENV_FIELD"
 # Setup hooks the job had besides ours, run after ours, in order
 # ('module.function', comma-separated: the submitted env's own, then one a
-# job's driver passed to ray.init; see hook.complete_submitted_env).
+# job's driver passed to ray.init; see job_submission.complete_submitted_env).
 NEXT_SETUP_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_SETUP_HOOK"
 # Ray's own carrier of a setup hook to a worker (ray_constants
 # WORKER_PROCESS_SETUP_HOOK_ENV_VAR, the same name from Ray 2.41 to 2.60):
@@ -49,7 +49,7 @@ RAY_SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 LOG_NAME = "megatron_env_setup_hook"
 # Ray's driver hook (ray_constants.RAY_RUNTIME_ENV_HOOK, read by ray.init),
 # this package's (runtime_env.HOOK_PATH) and the one it runs next
-# (hook.NEXT_HOOK_VARIABLE); a test keeps them equal.
+# (hook.next_hook reads it).
 DRIVER_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"
 DRIVER_HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
 NEXT_DRIVER_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
@@ -61,6 +61,41 @@ UV_HOOK_VARIABLE = "RAY_MEGATRON_ENV_UV_HOOK"
 # worker's, whose values the decision wrote or the job set, never a copy of
 # a driver host's (runtime_env.driver_copies), so the driver hook lists none.
 NESTED_VARIABLE = "RAY_MEGATRON_ENV_NESTED_DRIVER"
+
+
+# What Ray writes into its own setup-hook variable for a callable hook
+# (setup_hook.RUNTIME_ENV_FUNC_IDENTIFIER): a key into one job's exports.
+EXPORTED_FUNCTION = "ray_runtime_env_func::"
+
+
+def take_inherited_setup_hook(env_vars: Dict[str, str]) -> None:
+    """Ray's own carrier of a setup hook, ``__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR``,
+    taken out of ``env_vars`` (in place) of an env that carries the field.
+
+    It is there when the driver runs inside a worker of a job whose env had
+    a setup hook: vLLM's Ray executor passes the worker's own runtime env
+    (``ray.get_runtime_context().runtime_env``, which holds the variable
+    Ray wrote, beside the field and the setup hook), and a driver that
+    passes its environment as ``env_vars`` (NeMo-RL) copies it. Beside a
+    ``worker_process_setup_hook`` field Ray refuses it (2.41 to 2.54: an
+    assertion in ``export_setup_func_module``, "reserved for the internal
+    use"; from 2.55: "Conflicting worker_process_setup_hook" unless it is
+    the same string). This package's own hook is dropped, since
+    ``build_runtime_env`` sets the field to it again and Ray writes the
+    variable anew; another hook module becomes a chained hook. A function
+    another job exported cannot be called from this job's hook: refused."""
+    inherited = env_vars.pop(RAY_SETUP_HOOK_VARIABLE, None)
+    if not inherited or inherited == SETUP_HOOK_PATH:
+        return
+    if inherited.startswith(EXPORTED_FUNCTION):
+        raise ValueError(
+            f"ray_megatron_env: this driver's ray.init env_vars carry {RAY_SETUP_HOOK_VARIABLE}"
+            f"={inherited[:60]}..., a function another job exported as its setup hook, which "
+            "no setup hook of this job can call; remove that variable from the env_vars "
+            "the driver passes to ray.init (it is Ray's own, reserved)")
+    hooks = next_setup_hooks(env_vars)
+    if inherited not in hooks:
+        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join([inherited, *hooks])
 
 
 def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Decision"]:
@@ -101,7 +136,7 @@ def hook_nested_drivers(environ: MutableMapping[str, str]) -> None:
     """Have a driver started inside this worker (vLLM's Ray executor: a
     subprocess calling ``ray.init(address=..., runtime_env=<this worker's
     runtime env>)``) run this package's driver hook, which takes Ray's own
-    setup-hook variable out of the env it passes (``hook.take_inherited_setup_hook``):
+    setup-hook variable out of the env it passes (``take_inherited_setup_hook``):
     Ray 2.41 to 2.54 refuse that variable beside the ``worker_process_setup_hook``
     field. A driver hook the worker already has runs after ours."""
     environ[NESTED_VARIABLE] = "1"
@@ -275,7 +310,7 @@ def add_setup_hook(env: Dict[str, Any]) -> None:
         env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
     elif isinstance(theirs, str):
         # After any hook already chained (a submitted env's own, when a
-        # job's driver brings another: hook.complete_submitted_env).
+        # job's driver brings another: job_submission.complete_submitted_env).
         hooks = next_setup_hooks(env_vars)
         env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join(
             hooks if theirs in hooks else [*hooks, theirs])

@@ -27,7 +27,8 @@ from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.decision import Decision, decide_node, settle
 from ray_megatron_env.errors import EnvironmentVariableError, FieldTypeError, FieldValueError
 from ray_megatron_env.frameworks import parse_field
-from ray_megatron_env.hook import JOB_CONFIG_VARIABLE, driver_environment, runtime_env_hook
+from ray_megatron_env.hook import runtime_env_hook
+from ray_megatron_env.job_submission import JOB_CONFIG_VARIABLE, driver_environment
 from ray_megatron_env.node import NodeFacts, NodeGpus, parse_fake_node
 from ray_megatron_env.packs import REMOVE, Outcome
 from ray_megatron_env.worker import decide_in_worker

@@ -14,10 +14,10 @@ from ray.runtime_env.runtime_env import _merge_runtime_env
 
 from configs import MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.hook import (
-    JOB_CONFIG_VARIABLE, MERGE_VARIABLE, complete_submitted_env, runtime_env_hook,
+from ray_megatron_env.hook import runtime_env_hook
+from ray_megatron_env.job_submission import (
+    JOB_CONFIG_VARIABLE, MERGE_VARIABLE, complete_submitted_env, job_submission_env,
 )
-from ray_megatron_env.job_submission import job_submission_env
 from ray_megatron_env.worker import (
     NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, is_chained,
 )

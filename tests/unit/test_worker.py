@@ -285,7 +285,7 @@ def test_a_uv_run_driver_is_warned_that_ray_skips_the_driver_hook(monkeypatch):
     assert driver_hook_skipped({"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}) is None
 
 
-# What every submitted env sets for its driver (hook.complete_submitted_env).
+# What every submitted env sets for its driver (job_submission.complete_submitted_env).
 DRIVER_SIDE = {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
                "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "RAY_MEGATRON_ENV_MERGE": "strict"}
 
