@@ -15,7 +15,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 from .errors import FieldValueError
 from .engines import (
     ALWAYS_ON, CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_FLEX_BACKENDS, PACK_NAMES, PIPELINE_BACKENDS,
+    MEGATRON, MEGATRON_FLEX_BACKENDS, MOE_OVERLAP_KEY, PACK_NAMES, PIPELINE_BACKEND_KEY,
+    PIPELINE_BACKENDS,
 )
 from .values import FIELD, fail_type, read_flag, read_name, read_names, show
 
@@ -73,6 +74,22 @@ def _one_of(value: Any, key: str, allowed: Tuple[str, ...]) -> str:
 def read_pipeline_backend(value: Any, key: str) -> Optional[str]:
     """Megatron-Core's ``pipeline_model_parallel_comm_backend`` (None: NCCL)."""
     return None if value is None else _one_of(value, key, PIPELINE_BACKENDS)
+
+
+def read_config_keys(keys: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """The MoE all-to-all overlap flag and the pipeline backend, from a
+    mapping of Megatron-Core's TransformerConfig keys as a framework passes
+    them (NeMo-RL's ``model_overrides``, SkyRL's ``transformer_config_kwargs``):
+    only the keys present, as ``Engine`` fields."""
+    settings: Dict[str, Any] = {}
+    flag = keys.get(MOE_OVERLAP_KEY)
+    if flag is not None:
+        settings["moe_overlap"] = read_flag(flag, f"{where}.{MOE_OVERLAP_KEY}")
+    backend = keys.get(PIPELINE_BACKEND_KEY)
+    if backend is not None:
+        settings["pipeline_backend"] = read_pipeline_backend(backend,
+                                                             f"{where}.{PIPELINE_BACKEND_KEY}")
+    return settings
 
 
 def resolve_kind(strategy: str, declared: Optional[str], key: str,

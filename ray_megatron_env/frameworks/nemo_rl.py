@@ -21,9 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import FieldValueError
 from ..engines import (
     DISPATCHER_KEYS, FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK, MOE_OVERLAP_KEY,
-    PIPELINE_BACKEND_KEY,
 )
-from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
+from ..spec import Engine, ProcessRule, Spec, read_config_keys, read_dispatcher
 from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
 from .reader import Reader
 
@@ -250,15 +249,7 @@ def _read_overrides(overrides: Any, where: str, cfg_path: str) -> Dict[str, Any]
                               "with a first-class setting (nemo_rl/models/megatron/setup.py, "
                               "_validate_model_override_conflicts): set the first-class field "
                               "instead")
-    settings: Dict[str, Any] = {}
-    flag = overrides.get(MOE_OVERLAP_KEY)
-    if flag is not None:
-        settings["moe_overlap"] = read_flag(flag, f"{where}.{MOE_OVERLAP_KEY}")
-    backend = overrides.get(PIPELINE_BACKEND_KEY)
-    if backend is not None:
-        settings["pipeline_backend"] = read_pipeline_backend(backend,
-                                                             f"{where}.{PIPELINE_BACKEND_KEY}")
-    return settings
+    return read_config_keys(overrides, where)
 
 
 def _dispatcher(cfg: Mapping[str, Any], over: Mapping[str, Any], path: str,

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import FieldValueError
 from ..engines import (DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP,
                        INFERENCE, MEGATRON, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY)
-from ..spec import Engine, Spec, read_dispatcher, read_pipeline_backend
+from ..spec import Engine, Spec, read_config_keys, read_dispatcher
 from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
 from .reader import Reader
 
@@ -264,14 +264,7 @@ def _megatron_engine(config: Mapping[str, Any], path: str,
             f"{FIELD}: {named}: SkyRL sets the model provider's sizes from {path} and then "
             f"every {KWARGS} key over them, while Megatron-Core's initialize_model_parallel "
             f"takes {path}'s; the two would disagree: set the size in {path} only")
-    settings: Dict[str, Any] = {}
-    overlap = kwargs.get(MOE_OVERLAP_KEY)
-    if overlap is not None:
-        settings["moe_overlap"] = read_flag(overlap, f"{where}.{MOE_OVERLAP_KEY}")
-    backend = kwargs.get(PIPELINE_BACKEND_KEY)
-    if backend is not None:
-        settings["pipeline_backend"] = read_pipeline_backend(backend,
-                                                             f"{where}.{PIPELINE_BACKEND_KEY}")
+    settings = read_config_keys(kwargs, where)
     # The dispatcher type: the kwarg wins over the first-class key (set first).
     if kwargs.get(DISPATCHER_TYPE_KEY) is not None:
         kind, kind_key = kwargs[DISPATCHER_TYPE_KEY], f"{where}.{DISPATCHER_TYPE_KEY}"

@@ -213,7 +213,7 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
         return PackVerdict((_outcome("unset", wanted,
                                      f"{where}: {ARCH_LIST_VARIABLE} {said} builds for the visible GPUs "
                                      f"only; {wanted!r} builds for each [unset]"),))
-    whose = "the job's" if explicit is not None else "the node's"
+    whose = "the job's" if explicit is not None else "the inherited"
     served = {cap: coverage(seen, cap) for cap in archs}
     _, rejected = parse_arch_list(seen)
     missing = [format_capability(c) for c, how in served.items() if how == "none"]

@@ -7,10 +7,10 @@ import json
 import logging
 import multiprocessing
 import os
-import time
 
 import pytest
 
+from cache_race import probe_in_process
 from configs import FSDP_YAML, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.node import NodeGpus
@@ -27,6 +27,17 @@ MEGATRON_TP2 = {"version": 2, "engines": {"actor": {"strategy": "megatron",
                                                     "tensor_parallel": 2}}}
 FSDP = {"version": 2, "engines": {"actor": {"strategy": "fsdp"}}}
 
+
+
+@pytest.fixture(autouse=True)
+def restored_environ():
+    """setup_hook writes the driver hook into its worker's os.environ (for a
+    driver started there): here that is the test process's, so each test
+    gets it back as it was."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 def node(gpus="9.0", **env):
     return {"RAY_MEGATRON_ENV_FAKE_GPUS": gpus, "PATH": "/usr/bin", **env}
@@ -157,21 +168,10 @@ def test_node_environment_reads_only_a_raylet_parent():
     assert node_environment(pid=2 ** 22 + 12345) is None  # no such process
 
 
-def _probe_in_process(folder, out):
-    cache = NodeCache(folder, "node-1")
-
-    def slow_probe():
-        time.sleep(0.3)
-        return NodeGpus.known([(9, 0)], "fake")
-
-    result = cache.get(slow_probe)
-    out.put((result.probe_pid, result.probed_at))
-
-
 def test_workers_starting_together_share_one_probe(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_probe_in_process, args=(str(tmp_path), out)) for _ in range(4)]
+    procs = [ctx.Process(target=probe_in_process, args=(str(tmp_path), out)) for _ in range(4)]
     for p in procs:
         p.start()
     results = {out.get(timeout=60) for _ in procs}
