@@ -24,6 +24,7 @@ from ..engines import (
 )
 from ..spec import Engine, ProcessRule, Spec, read_config_keys, read_dispatcher
 from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
+from .chain import load_link
 from .reader import Reader
 
 FRAMEWORK = "nemo-rl"
@@ -439,26 +440,9 @@ def _compose(config: Any, parents: List[str], chain: List[str]) -> Any:
 
 
 def _load_parent(path: str, chain: List[str]) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
     path = os.path.abspath(path)
     shown = " -> ".join(chain + [path])
-    if path in chain:
-        raise FieldValueError(f"{FIELD}: the defaults: chain loops: {shown}")
-    if len(chain) >= _MAX_CHAIN:
-        raise FieldValueError(f"{FIELD}: the defaults: chain is over {_MAX_CHAIN} files long: "
-                              f"{shown}")
-    if not os.path.isfile(path):
-        raise FieldValueError(f"{FIELD}: config file {path!r} named in defaults: does not "
-                              f"exist (chain: {shown})")
-    try:
-        loaded = OmegaConf.load(path)
-    except Exception as exc:
-        raise FieldValueError(f"{FIELD}: cannot load config file {path!r} (chain: {shown}): "
-                              f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(loaded, DictConfig):
-        raise fail_type(f"config file {path!r} (chain: {shown})", "a mapping", "a list"
-                        if isinstance(loaded, ListConfig) else loaded)
+    loaded = load_link(path, chain, _MAX_CHAIN)
     if DEFAULTS not in loaded:
         return loaded
     folder = os.path.dirname(path)

@@ -36,7 +36,8 @@ from ..errors import FieldValueError
 from ..engines import FSDP, INFERENCE, MEGATRON, CONNECTIONS_VARIABLE
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
 from ..values import (FIELD, fail_type, parse_connections, read_flag, read_name, read_size,
-                      read_token, show)
+                      read_token)
+from .chain import load_link
 from .reader import Reader
 
 FRAMEWORK = "roll"
@@ -265,7 +266,7 @@ def _engine(section: Mapping[str, Any], role: str) -> Optional[Engine]:
 
 DEFAULTS = "defaults"
 _HERE = "@_here_"
-_MAX_DEPTH = 8
+_MAX_DEPTH = 8  # files below the one given
 
 
 def compose(path: str, loaded: Any) -> Optional[Any]:
@@ -316,21 +317,8 @@ def _compose(config: Any, entries: List[str], folder: str, chain: List[str]) -> 
 
 
 def _load(path: str, entry: str, chain: List[str]) -> Any:
-    from omegaconf import DictConfig, OmegaConf
-
     shown = " -> ".join(chain + [path])
-    if path in chain or len(chain) > _MAX_DEPTH:
-        raise FieldValueError(f"{FIELD}: the defaults: list loops or is too deep: {shown}")
-    if not os.path.isfile(path):
-        raise FieldValueError(f"{FIELD}: defaults: entry {entry!r} names {path!r}, which does "
-                              f"not exist (chain: {shown})")
-    try:
-        loaded = OmegaConf.load(path)
-    except Exception as exc:
-        raise FieldValueError(f"{FIELD}: cannot load {path!r} (chain: {shown}): "
-                              f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(loaded, DictConfig):
-        raise fail_type(f"config file {path!r} (chain: {shown})", "a mapping", show(loaded))
+    loaded = load_link(path, chain, _MAX_DEPTH + 1, entry)
     if DEFAULTS not in loaded:
         loaded.pop("hydra", None)
         return loaded
