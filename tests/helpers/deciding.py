@@ -19,3 +19,15 @@ def decided(spec: Spec, gpus: NodeGpus, *, explicit: Optional[str] = None,
         env_vars[CONNECTIONS_VARIABLE] = explicit
     node_environ = {CONNECTIONS_VARIABLE: inherited} if inherited is not None else {}
     return decide_node(spec, NodeFacts(gpus), env_vars, node_environ).decision
+
+
+UNSET = "unset"
+
+
+def shown(decision: Decision) -> str:
+    """A decision as the golden tables write it: the value and its strength,
+    or ``unset``."""
+    if decision.value is None:
+        return UNSET
+    strengths = set(decision.strengths.values())
+    return f"{decision.value} ({'required' if 'required' in strengths else 'preferred'})"

@@ -18,7 +18,7 @@ from ray_megatron_env import build_runtime_env
 from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import parse_gpu_list
 
-from deciding import decided
+from deciding import UNSET, decided, shown
 
 COMMON = ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--colocate",
           "--rollout-num-gpus-per-engine", "1"]
@@ -38,19 +38,11 @@ TRAINER = {**JOB_ENV, "NCCL_CUMEM_ENABLE": "0", "NVSHMEM_DISABLE_NCCL": "1"}
 
 GPUS = ("8.0", "9.0", "10.0", "9.0,10.0")
 R = "1 (required)"
-UNSET = "unset"
 GOLDEN = [
     ("qwen3-4b", QWEN3_4B, dict(zip(GPUS, (R, R, UNSET, R)))),
     ("qwen3-0.6b", QWEN3_06B, dict.fromkeys(GPUS, UNSET)),
     ("fsdp", FSDP, dict.fromkeys(GPUS, UNSET)),
 ]
-
-
-def shown(decision):
-    if decision.value is None:
-        return UNSET
-    strengths = set(decision.strengths.values())
-    return f"{decision.value} ({'required' if 'required' in strengths else 'preferred'})"
 
 
 def on_node(args, gpus, env):

@@ -21,7 +21,7 @@ from ray_megatron_env.frameworks.loading import load_spec
 from ray_megatron_env.node import parse_gpu_list
 from ray_megatron_env.spec import ProcessRule
 
-from deciding import decided
+from deciding import decided, shown
 from paths import FIXTURES
 
 FIXTURES = FIXTURES / "roll"
@@ -72,13 +72,6 @@ GOLDEN = [
 def worker(cluster):
     return {"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "0", "CLUSTER_NAME": cluster,
             "WORKER_NAME": f"{cluster}-1-G1"}
-
-
-def shown(decision):
-    if decision.value is None:
-        return "unset"
-    strengths = set(decision.strengths.values())
-    return f"{decision.value} ({'required' if 'required' in strengths else 'preferred'})"
 
 
 def on_node(config, gpus, worker_env):

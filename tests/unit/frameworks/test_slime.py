@@ -25,7 +25,7 @@ from ray_megatron_env.frameworks import slime
 from ray_megatron_env.engines import FSDP, INFERENCE, MEGATRON, MEGATRON_LM_CHECK
 from ray_megatron_env.frameworks.loading import load_spec
 
-from deciding import decided
+from deciding import UNSET, decided, shown
 from paths import FIXTURES
 
 FIXTURES = FIXTURES / "slime"
@@ -53,7 +53,6 @@ DRIVER = dict(JOB_ENV)
 
 GPUS = ("8.0", "9.0", "10.0", "9.0,10.0")
 R = "1 (required)"
-UNSET = "unset"
 
 # (fixture, {gpus: value for the driver and train actors},
 #  {gpus: value for the SGLang engines} or None when slime starts none)
@@ -75,13 +74,6 @@ def args_of(path):
 def engines(config):
     spec, _ = load_spec(config)
     return {role: engine.describe() for role, engine in spec.engines}
-
-
-def shown(decision):
-    if decision.value is None:
-        return UNSET
-    strengths = set(decision.strengths.values())
-    return f"{decision.value} ({'required' if 'required' in strengths else 'preferred'})"
 
 
 def on_node(config, gpus, worker_env):
