@@ -18,7 +18,7 @@ from .engines import ALWAYS_ON, CONNECTIONS_VARIABLE, PACK_NAMES
 from .errors import EnvironmentVariableError, FieldValueError
 from .frameworks.compact import MAX_DRIVER_VALUE
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
-from .packs import get_pack
+from .packs import variables_of
 from .packs.connections import explicit_value, hard_conflict_everywhere
 from .spec import Roles, Spec, read_packs
 from .values import FIELD, fail_type, lookup
@@ -95,7 +95,7 @@ ALL_VARIABLES = "*"
 def stated_explicit(environ: Mapping[str, str]) -> FrozenSet[str]:
     """The variables ``RAY_MEGATRON_ENV_EXPLICIT`` names (comma or space
     separated; ``*`` for every pack variable), each checked."""
-    known = [v for name in PACK_NAMES for v in get_pack(name).variables]
+    known = variables_of(PACK_NAMES)
     names = environ.get(EXPLICIT_VARIABLE, "").replace(",", " ").split()
     if ALL_VARIABLES in names:
         return frozenset(known)
@@ -116,7 +116,7 @@ def driver_copies(spec: Spec, env_vars: Any, environ: Mapping[str, str],
     explicit = stated_explicit(environ) | frozenset(keep)
     found = dict(spec.driver_env)
     if isinstance(env_vars, Mapping):
-        for name in (v for p in (*ALWAYS_ON, *spec.packs) for v in get_pack(p).variables):
+        for name in variables_of((*ALWAYS_ON, *spec.packs)):
             mine = environ.get(name)
             if mine is not None and name in env_vars and str(env_vars[name]) == mine \
                     and "$" not in mine and len(mine) <= MAX_DRIVER_VALUE:

@@ -93,9 +93,9 @@ def _check_driver_env(spec: Spec) -> None:
     (checked here, above the packs; the compact reader sits below them)."""
     if not spec.driver_env:
         return
-    from ..packs import get_pack
+    from ..packs import variables_of
 
-    owned = [v for name in (*ALWAYS_ON, *spec.packs) for v in get_pack(name).variables]
+    owned = variables_of((*ALWAYS_ON, *spec.packs))
     for name, _ in spec.driver_env:
         if name not in owned:
             raise FieldValueError(f"{FIELD}: driver_env names {name!r}, which no pack of this "

@@ -32,7 +32,7 @@ on to code outside the package.
 """
 
 from importlib import import_module
-from typing import FrozenSet, Iterable
+from typing import FrozenSet, Iterable, Tuple
 
 from ..errors import FieldValueError
 from ..values import FIELD, show
@@ -54,6 +54,11 @@ def get_pack(name: str) -> Pack:
         raise FieldValueError(f"{FIELD}: unknown pack {show(name)}; known packs: "
                               f"{', '.join(PACK_NAMES)}")
     return import_module(f".{_MODULES[name]}", __name__).PACK
+
+
+def variables_of(names: Iterable[str]) -> Tuple[str, ...]:
+    """Every variable the packs called ``names`` own, in pack order."""
+    return tuple(v for name in names for v in get_pack(name).variables)
 
 
 def fact_kinds(names: Iterable[str]) -> FrozenSet[str]:
