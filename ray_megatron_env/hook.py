@@ -48,6 +48,7 @@ from .worker import (
     NESTED_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE, UV_HOOK_VARIABLE,
     take_inherited_setup_hook,
 )
+
 logger = logging.getLogger(__name__)
 
 
@@ -94,7 +95,6 @@ def rays_uv_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, An
 
 
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-
     if os.environ.get(UV_HOOK_VARIABLE) == "1":
         runtime_env = rays_uv_hook(runtime_env)
     job_env = submitted_job_env()
@@ -111,9 +111,10 @@ def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str
             take_inherited_setup_hook(base["env_vars"])
             if not base["env_vars"]:
                 del base["env_vars"]
+        # A nested driver's environment is its worker's, not a driver host's.
+        nested = os.environ.get(NESTED_VARIABLE) == "1"
         runtime_env = build_runtime_env(runtime_env[FIELD], base=base, take_over=take_over,
-                                        driver_environ=({} if os.environ.get(NESTED_VARIABLE) == "1"
-                                                        else driver_environment(job_env)))
+                                        driver_environ={} if nested else driver_environment(job_env))
     elif take_over and CONNECTIONS_VARIABLE in ((runtime_env or {}).get("env_vars") or {}):
         logger.warning(
             "%s=1 but the job's runtime env has no %s field: keeping the explicit %s=%s for "
