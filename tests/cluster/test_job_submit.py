@@ -6,11 +6,11 @@ installed (tests/fakes/not_installed hides it) or the plugin registered;
 GPUs faked per node. A job is submitted with
 `ray job submit --runtime-env FILE --working-dir DIR -- python drivers.py SHAPE...`,
 FILE written by `ray-megatron-env runtime-env CONFIG --ship-package`, once
-without and once with RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the job env. Its
+without and once with RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the job env, both at once. Each
 entrypoint runs one driver process per shape, one after another: each is a
 Ray job of its own (its own `ray.init`, which merges the submitted env read
-from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted driver does), so two
-submissions run twelve jobs in a row on the same nodes. The drivers are of
+from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted driver does), so the two
+submissions run thirteen jobs on the same nodes, two at a time. The drivers are of
 the shapes the frameworks have (verl: its own env_vars; NeMo-RL: its whole
 environment; a driver with its own setup hook, a string and a callable; a
 driver whose env_vars clash with the job env's; in the first submission, a
@@ -219,32 +219,43 @@ class JobCluster:
             assert time.monotonic() < deadline, out.stdout[-2000:] + out.stderr[-2000:]
             time.sleep(1)
 
-    def submit(self, job_env, workdir, shapes, nodes=tuple(NODES)):
-        """Submit one job whose entrypoint runs each shape's driver in a row;
-        (exit code, everything the job printed)."""
+    def submit(self, jobs, nodes=tuple(NODES)):
+        """Submit every (job env, working dir, shapes) of ``jobs`` at once, each a job whose
+        entrypoint runs its shapes' drivers in a row; [(exit code, everything
+        the job printed)], in the order of ``jobs``. The jobs share the nodes
+        and the job server, as several users' jobs do."""
         env = self.environment("none")
-        done = subprocess.run(
-            [str(BIN / "ray"), "job", "submit",
-             f"--address=http://127.0.0.1:{self.dashboard_port}",
-             f"--runtime-env={job_env}", f"--working-dir={workdir}", "--",
-             "python", "drivers.py", ",".join(nodes), *shapes],
-            env=env, capture_output=True, text=True, timeout=300)
-        output = done.stdout + done.stderr
-        # The submit command's log tail can stop before the driver's last
-        # lines reach it (seen on Ray 2.41): read the finished job's log whole.
-        found = re.search(r"Job '(raysubmit_\w+)' submitted", output)
-        if found:
-            logs = subprocess.run(
-                [str(BIN / "ray"), "job", "logs",
-                 f"--address=http://127.0.0.1:{self.dashboard_port}", found.group(1)],
-                env=env, capture_output=True, text=True, timeout=60)
-            output += logs.stdout
-        return done.returncode, output
+        address = f"--address=http://127.0.0.1:{self.dashboard_port}"
+        submitted = [subprocess.Popen(
+            [str(BIN / "ray"), "job", "submit", address, f"--runtime-env={job_env}",
+             f"--working-dir={workdir}", "--", "python", "drivers.py", ",".join(nodes), *shapes],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for job_env, workdir, shapes in jobs]
+        finished = []
+        try:
+            for job in submitted:
+                output = job.communicate(timeout=300)[0]
+                # The submit command's log tail can stop before the driver's
+                # last lines reach it (seen on Ray 2.41): read the finished
+                # job's log whole.
+                found = re.search(r"Job '(raysubmit_\w+)' submitted", output)
+                if found:
+                    logs = subprocess.run([str(BIN / "ray"), "job", "logs", address, found.group(1)],
+                                          env=env, capture_output=True, text=True, timeout=60)
+                    output += logs.stdout
+                finished.append((job.returncode, output))
+        finally:
+            for job in submitted:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait()
+        return finished
 
     def stop(self):
-        """SIGTERM, then SIGKILL after 5 s, every process of this cluster,
-        until none has been seen for three scans in a row (a raylet may start
-        an agent again while it is being stopped)."""
+        """SIGKILL every process of this cluster (it is thrown away with its
+        temp dir; SIGTERM left every one running for over 6 s here), until
+        none has been seen for three scans in a row (a raylet may start an
+        agent again while it is being stopped)."""
         from ray_megatron_env.simulation import ray_processes
 
         started = time.monotonic()
@@ -256,11 +267,10 @@ class JobCluster:
             quiet = 0 if left else quiet + 1
             for pid in left:
                 try:
-                    os.kill(pid, signal.SIGTERM if time.monotonic() - started < 5
-                            else signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            time.sleep(0.5)
+            time.sleep(0.2)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
@@ -293,13 +303,19 @@ def job_cluster(no_cluster):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("job")
-    (folder / "driver.py").write_text(DRIVER)
-    (folder / "drivers.py").write_text(DRIVERS)
-    (folder / "userhook.py").write_text(USER_HOOK)
-    shutil.copy(TESTS / "helpers" / "nested_driver.py", folder)
-    return folder
+def workdirs(tmp_path_factory):
+    """override -> a working dir: one per submission, told apart by a file,
+    so that each is a package of its own. Two jobs with the same working_dir
+    share its copy on a node, which Ray removes when either's drivers end."""
+    folders = {}
+    for override in (False, True):
+        folder = folders[override] = tmp_path_factory.mktemp("job")
+        (folder / "driver.py").write_text(DRIVER)
+        (folder / "drivers.py").write_text(DRIVERS)
+        (folder / "userhook.py").write_text(USER_HOOK)
+        (folder / "submission.txt").write_text(f"override={override}\n")
+        shutil.copy(TESTS / "helpers" / "nested_driver.py", folder)
+    return folders
 
 
 def job_env(tmp_path_factory, override):
@@ -349,18 +365,21 @@ SHAPES = {  # shape -> what the driver's own hook leaves in each worker
 
 
 @pytest.fixture(scope="module")
-def drivers(job_cluster, workdir, job_envs):
+def drivers(job_cluster, workdirs, job_envs):
     """override -> shape -> (exit code, output): one submission for each
-    job env, every shape's driver in it, the clashing one last."""
+    job env, both at once, every shape's driver in each, the clashing one
+    after the others."""
+    overrides = (False, True)
+    shapes = {override: [*SHAPES, "clash", *(() if override else ("nested",))]
+              for override in overrides}
+    done = job_cluster.submit([(job_envs[o], workdirs[o], shapes[o]) for o in overrides])
     runs = {}
-    for override in (False, True):
-        shapes = [*SHAPES, "clash", *(() if override else ("nested",))]
-        code, output = job_cluster.submit(job_envs[override], workdir, shapes)
+    for override, (code, output) in zip(overrides, done):
         # The entrypoint ends well even when a driver fails: each driver's
         # own exit code is in its frame.
         assert code == 0, output[-4000:]
         runs[override] = by_shape(output)
-        assert list(runs[override]) == shapes, output[-4000:]
+        assert list(runs[override]) == shapes[override], output[-4000:]
     return runs
 
 
