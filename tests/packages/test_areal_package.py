@@ -42,16 +42,23 @@ def areal_contained():
         manager._clear_cache()
 
 
-with areal_contained():
-    cli_args = pytest.importorskip(
-        "areal.api.cli_args",
-        reason="AReaL is not installed; .ci/run installs areal 1.0.4 without its dependency tree")
+from omegaconf import OmegaConf
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from ray_megatron_env import build_runtime_env  # noqa: E402
-from ray_megatron_env.explanation import explain  # noqa: E402
+from ray_megatron_env import build_runtime_env
+from ray_megatron_env.explanation import explain
 from paths import FIXTURES
+
+
+@pytest.fixture(scope="module")
+def cli_args():
+    """AReaL's config module, imported when a test here runs, not when the
+    module is collected: the import takes seconds (torch among others), and
+    a run that deselects these tests (-m slow) would pay it anyway."""
+    with areal_contained():
+        return pytest.importorskip(
+            "areal.api.cli_args",
+            reason="AReaL is not installed; .ci/run installs areal 1.0.4 without its dependency tree")
+
 
 EXAMPLES = FIXTURES / "areal" / "examples" / "math"
 GRPO = EXAMPLES / "gsm8k_grpo_megatron.yaml"
@@ -61,11 +68,11 @@ KL_CTL_0 = {"ref": "actor.kl_ctl is 0, so AReaL creates no ref engine"}
 
 # By hand: what each example's field holds (docs/frameworks.md, AReaL table).
 GOLDEN = {
-    GRPO: (cli_args.GRPOConfig, {
+    GRPO: ("GRPOConfig", {
         "version": 2, "framework": "areal", "replaces": "1", "omitted": KL_CTL_0,
         "engines": {"actor": {"strategy": "megatron"}, "rollout": {"strategy": "sglang"}},
         "processes": [{"roles": ["actor"], "variable": "AREAL_SPMD_MODE", "prefix": "1"}]}),
-    PPO: (cli_args.PPOConfig, {
+    PPO: ("PPOConfig", {
         "version": 2, "framework": "areal", "replaces": "1", "omitted": KL_CTL_0,
         "engines": {"actor": {"strategy": "megatron"}, "critic": {"strategy": "megatron"},
                     "rollout": {"strategy": "sglang"}},
@@ -74,23 +81,24 @@ GOLDEN = {
 }
 
 
-def areal_loads(path, config_class, *overrides):
+def areal_loads(cli_args, path, config_class, *overrides):
     """What AReaL's load_expr_config does before it touches the file system:
-    Hydra compose, merge onto the config class, then the dataclass object."""
+    Hydra compose, merge onto the config class (named), then the dataclass
+    object."""
     from hydra.core.global_hydra import GlobalHydra
 
     with areal_contained():
         raw, _ = cli_args.parse_cli_args(["--config", str(path), *overrides])
         GlobalHydra.instance().clear()  # parse_cli_args leaves Hydra initialised
-        structured = cli_args.to_structured_cfg(raw, config_cls=config_class)
+        structured = cli_args.to_structured_cfg(raw, config_cls=getattr(cli_args, config_class))
         return raw, structured, OmegaConf.to_object(structured)
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN), ids=lambda p: p.name)
-def test_areals_own_objects_give_the_same_field_as_the_file(path):
+def test_areals_own_objects_give_the_same_field_as_the_file(cli_args, path):
     config_class, expected = GOLDEN[path]
-    raw, structured, loaded = areal_loads(path, config_class)
-    assert type(loaded) is config_class
+    raw, structured, loaded = areal_loads(cli_args, path, config_class)
+    assert type(loaded) is getattr(cli_args, config_class)
     for form in (str(path), raw, structured, loaded):
         env = build_runtime_env(form)
         assert env["megatron_env"] == expected, type(form)
@@ -98,16 +106,16 @@ def test_areals_own_objects_give_the_same_field_as_the_file(path):
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN), ids=lambda p: p.name)
-def test_areals_object_on_each_gpu_class(path):
-    _, _, loaded = areal_loads(path, GOLDEN[path][0])
+def test_areals_object_on_each_gpu_class(cli_args, path):
+    _, _, loaded = areal_loads(cli_args, path, GOLDEN[path][0])
     assert [explain(loaded, gpus).value for gpus in GPUS] == [None, None, None, None]
     # AReaL's own "1" in a worker's env_vars is decided anew: removed.
     assert explain(loaded, "9.0", explicit="1").value is None
 
 
-def test_a_command_line_override_reaches_the_field():
+def test_a_command_line_override_reaches_the_field(cli_args):
     # docs/en/tutorial/megatron.md's MoE layout, as Hydra overrides.
-    _, _, loaded = areal_loads(GRPO, cli_args.GRPOConfig,
+    _, _, loaded = areal_loads(cli_args, GRPO, "GRPOConfig",
                                'actor.backend="megatron:(attn:d1p4t2c2|ffn:d1p4t1e4)"',
                                "rollout.backend=sglang:d4t4")
     assert build_runtime_env(loaded)["megatron_env"]["engines"]["actor"] == {
@@ -116,11 +124,11 @@ def test_a_command_line_override_reaches_the_field():
     assert [explain(loaded, gpus).value for gpus in GPUS] == ["1", "1", None, "1"]
 
 
-def test_areals_loader_and_this_reader_refuse_a_missing_actor_backend(tmp_path):
+def test_areals_loader_and_this_reader_refuse_a_missing_actor_backend(cli_args, tmp_path):
     text = GRPO.read_text().replace('  backend: "megatron:d4p1t1"', '  backnd: "megatron:d4p1t1"')
     broken = tmp_path / "broken.yaml"
     broken.write_text(text)
     with pytest.raises(Exception):  # AReaL: unknown key, or backend MISSING
-        areal_loads(broken, cli_args.GRPOConfig)
+        areal_loads(cli_args, broken, "GRPOConfig")
     with pytest.raises(ValueError, match=r"actor\.backend is missing"):
         build_runtime_env(str(broken))
