@@ -6,15 +6,16 @@ installed (tests/fakes/not_installed hides it) or the plugin registered;
 GPUs faked per node. A job is submitted with
 `ray job submit --runtime-env FILE --working-dir DIR -- python drivers.py SHAPE...`,
 FILE written by `ray-megatron-env runtime-env CONFIG --ship-package`, once
-without and once with RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the job env, both at once. Each
-entrypoint runs one driver process per shape, one after another: each is a
-Ray job of its own (its own `ray.init`, which merges the submitted env read
-from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted driver does), so the two
-submissions run thirteen jobs on the same nodes, two at a time. The drivers are of
-the shapes the frameworks have (verl: its own env_vars; NeMo-RL: its whole
-environment; a driver with its own setup hook, a string and a callable; a
-driver whose env_vars clash with the job env's; in the first submission, a
-driver that starts another inside an actor, as vLLM's Ray executor does).
+without and once with RAY_OVERRIDE_JOB_RUNTIME_ENV=1 in the job env, the two
+submitted at once. Each entrypoint runs one driver process per shape, one
+after another: each is a Ray job of its own (its own `ray.init`, which merges
+the submitted env read from RAY_JOB_CONFIG_JSON_ENV_VAR, as every submitted
+driver does), so the two submissions run thirteen jobs on the same nodes, two
+at a time. The drivers are of the shapes the frameworks have (verl: its own
+env_vars; NeMo-RL: its whole environment; a driver with its own setup hook, a
+string and a callable; a driver whose env_vars clash with the job env's; in
+the first submission, a driver that starts another inside an actor, as vLLM's
+Ray executor does).
 
 Expected values are the rule table's (docs/rules.md), not the package's:
 the actor and ref of verl's Megatron TP=2 example
@@ -220,10 +221,11 @@ class JobCluster:
             time.sleep(1)
 
     def submit(self, jobs, nodes=tuple(NODES)):
-        """Submit every (job env, working dir, shapes) of ``jobs`` at once, each a job whose
-        entrypoint runs its shapes' drivers in a row; [(exit code, everything
-        the job printed)], in the order of ``jobs``. The jobs share the nodes
-        and the job server, as several users' jobs do."""
+        """Submit every (job env, working dir, shapes) of ``jobs`` at once,
+        each a job whose entrypoint runs its shapes' drivers in a row;
+        [(exit code, everything the job printed)], in the order of ``jobs``.
+        The jobs share the nodes and the job server, as several users' jobs
+        do."""
         env = self.environment("none")
         address = f"--address=http://127.0.0.1:{self.dashboard_port}"
         submitted = [subprocess.Popen(
@@ -368,7 +370,7 @@ SHAPES = {  # shape -> what the driver's own hook leaves in each worker
 def drivers(job_cluster, workdirs, job_envs):
     """override -> shape -> (exit code, output): one submission for each
     job env, both at once, every shape's driver in each, the clashing one
-    after the others."""
+    after those of SHAPES."""
     overrides = (False, True)
     shapes = {override: [*SHAPES, "clash", *(() if override else ("nested",))]
               for override in overrides}
