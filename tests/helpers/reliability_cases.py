@@ -284,7 +284,7 @@ FAULTS: Tuple[Fault, ...] = (
           "merges without dropping or duplicating", "nothing",
           ("cluster/test_faults.py::test_another_plugin_registered_beside_this_one",
            "unit/test_cli.py::test_register_keeps_other_plugins_and_lists_this_one_once")),
-    Fault("100 actors at once on 4 nodes, 5 different runtime envs", "every worker gets its "
+    Fault("64 actors at once on 4 nodes, 5 different runtime envs", "every worker gets its "
           "node's value; one probe per node per agent process; no deadlock; the agents' "
           "resident memory stays flat", "nothing",
           ("cluster/test_load.py::test_many_actors_at_once",)),
