@@ -25,8 +25,8 @@ from .runtime_env import (
 )
 from .values import FIELD
 from .worker import (
-    DRIVER_HOOK_VARIABLE, FIELD_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE,
-    SETUP_HOOK_FIELD, take_inherited_setup_hook,
+    DRIVER_HOOK_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE, SETUP_HOOK_FIELD,
+    mark_given, take_inherited_setup_hook,
 )
 
 # Ray's switch that lets ray.init's env win a conflict with a submitted
@@ -92,8 +92,10 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
     """``env`` (from ``build_runtime_env``) made safe to submit beside the
     framework's own ``ray.init`` env, and notes for the user."""
     out = dict(env)
+    # The field's copy in env_vars stays: it is how the setup hook reads
+    # the field in every worker, also where Ray skips the driver hook
+    # (uv run); the driver hook writes it anew from the merged field.
     env_vars = dict(out.get("env_vars") or {})
-    env_vars.pop(FIELD_VARIABLE, None)
     notes: List[str] = []
     # The driver hook, in front of one the base already had.
     existing = env_vars.get(DRIVER_HOOK_VARIABLE)
@@ -125,6 +127,7 @@ def job_submission_env(env: Dict[str, Any], framework: str) -> Tuple[Dict[str, A
                      f"{OVERRIDE_VARIABLE}=1 does (it holds these variables too)")
     env_vars[OVERRIDE_VARIABLE] = "1"
     env_vars[MERGE_VARIABLE] = MERGE_OVERRIDE if asked else MERGE_STRICT
+    mark_given(env_vars)  # after the values left to the driver are gone
     out["env_vars"] = env_vars
     return out, notes
 

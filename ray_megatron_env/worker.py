@@ -120,11 +120,12 @@ def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
         if not plugin_decided(os.environ, node_environ):
             import ray
 
+            # Only what Ray fixed when it started this process: the job's
+            # config and the task's runtime env reach a worker with its
+            # first task, which may come after this hook, and Ray caches the
+            # first answer for the process's life (docs/design.md).
             worker = ray._private.worker.global_worker
-            job_env = _job_runtime_env(worker)
-            decide_here(os.environ, node_environ, job_env.get("megatron_env"),
-                        _node_cache(worker, ray), lambda: _logger(worker),
-                        job_env_vars=job_env.get("env_vars") or {})
+            decide_here(os.environ, node_environ, _node_cache(worker), lambda: _logger(worker))
     finally:
         for hook in _next_setup_hooks():
             hook()
@@ -185,29 +186,54 @@ PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNV
 # takes from the node's cache, without importing the core.
 PACK_FACT_KINDS = {"nccl-fabric": ("fabric",), "nccl-host-mem": ("p2p",), "torch-arch": ()}
 
+# Where a pack variable's value came from, carried beside it: an env this
+# package builds marks each pack variable its env_vars set (GIVEN_PREFIX +
+# name). Ray merges env_vars key by key (job, then actor or parent task,
+# then task), so the mark reaches every worker the value reaches, and stays
+# where a later level changes the value. With it the setup hook tells a
+# runtime env's value from the node's own even where the two are equal,
+# without asking Ray for the job's env (docs/design.md: that arrives with
+# the first task, maybe after the hook, and Ray caches it for good).
+GIVEN_PREFIX = "RAY_MEGATRON_ENV_GIVEN_"
+
+
+def mark_given(env_vars: Dict[str, Any]) -> None:
+    """Mark, in place, each pack variable ``env_vars`` sets, and drop marks
+    of those it no longer sets (a value taken over)."""
+    for key in [k for k in env_vars if k.startswith(GIVEN_PREFIX)]:
+        del env_vars[key]
+    for name in PACK_VARIABLES:
+        if name in env_vars:
+            env_vars[GIVEN_PREFIX + name] = "1"
+
+
+def given_names(environ: Mapping[str, str], node_environ: Mapping[str, str]) -> set:
+    """The pack variables a runtime env gave this worker, by their marks;
+    a mark the node itself exports is the node's, not a runtime env's."""
+    return {name for name in PACK_VARIABLES
+            if (mark := environ.get(GIVEN_PREFIX + name)) is not None
+            and node_environ.get(GIVEN_PREFIX + name) != mark}
+
 
 def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
-                job_field: Any, cache: Any, logger: Callable[[], logging.Logger],
-                job_env_vars: Optional[Mapping[str, str]] = None) -> None:
+                cache: Any, logger: Callable[[], logging.Logger]) -> None:
     """``decide_in_worker`` once per node for each set of inputs: a later
     worker with the same field, the same values of the variables a decision
-    reads, and the same node facts takes the decision from the node's cache
-    without importing the package's core (which costs a worker start
-    several percent)."""
-    job_env_vars = job_env_vars or {}
-    key = _decision_key(environ, node_environ, job_field, cache, job_env_vars)
+    reads, the same of them given by its runtime env, and the same node
+    facts takes the decision from the node's cache without importing the
+    package's core (which costs a worker start several percent)."""
+    key = _decision_key(environ, node_environ, cache)
     entry = cache.decision(key) if key else None
     if entry is None:
         before = dict(environ)
-        decision = decide_in_worker(environ, node_environ, job_field,
-                                    cache.get if cache else lambda probe, kind: probe(), logger(),
-                                    job_env_vars)
+        decision = decide_in_worker(environ, node_environ,
+                                    cache.get if cache else lambda probe, kind: probe(), logger())
         if decision is None:
             return
         entry = {"set": {k: v for k, v in environ.items() if before.get(k) != v},
                  "unset": sorted(set(before) - set(environ)), "log": decision.log_lines()}
         # The first worker on a node probed just now: its facts key it too.
-        key = key or _decision_key(before, node_environ, job_field, cache, job_env_vars)
+        key = key or _decision_key(before, node_environ, cache)
         if key:
             cache.keep_decision(key, entry)
         return
@@ -220,19 +246,19 @@ def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mappin
 
 
 def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]],
-                  job_field: Any, cache: Any, job_env_vars: Mapping[str, str]) -> Optional[str]:
+                  cache: Any) -> Optional[str]:
     import hashlib
 
     if cache is None or node_environ is None:
         return None
     text = _own_field_text(environ, node_environ)
+    if not text:
+        return None
     try:
-        field = json.loads(text) if text else job_field
+        field = json.loads(text)
         processes = [rule["variable"] for rule in field.get("processes", ())]
     except (ValueError, AttributeError, TypeError, KeyError):
         return None  # the full path says what is wrong with it
-    if field is None:
-        return None
     packs = field.get("packs") or ()
     kinds = sorted({kind for name in ([packs] if isinstance(packs, str) else packs)
                     for kind in PACK_FACT_KINDS.get(name, ())})
@@ -242,7 +268,7 @@ def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str
     names = sorted(set(PACK_VARIABLES) | set(processes))
     material = json.dumps([field, [environ.get(n) for n in names],
                            [node_environ.get(n) for n in names],
-                           [job_env_vars.get(n) for n in names], facts], sort_keys=True)
+                           sorted(given_names(environ, node_environ)), facts], sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
@@ -305,6 +331,7 @@ def add_setup_hook(env: Dict[str, Any]) -> None:
     elif not isinstance(env_vars, dict):
         raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
     env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
+    mark_given(env_vars)
     theirs = env.get(SETUP_HOOK_FIELD)
     if theirs is None or theirs == SETUP_HOOK_PATH:
         env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
@@ -337,20 +364,22 @@ def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
     if hook not in (None, SETUP_HOOK_PATH):
         raise ValueError("as_actor_env takes an env whose setup hook is this package's own")
     out["env_vars"] = {**env_vars, RAY_SETUP_HOOK_VARIABLE: SETUP_HOOK_PATH}
+    mark_given(out["env_vars"])
     return out
 
 
 def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
-                     job_field: Any, cache: Callable[[Callable[[], Any], str], Any],
-                     logger: logging.Logger,
-                     job_env_vars: Optional[Mapping[str, str]] = None) -> Optional[Decision]:
-    """Decide for this worker process and update ``environ`` in place.
+                     cache: Callable[[Callable[[], Any], str], Any],
+                     logger: logging.Logger) -> Optional[Decision]:
+    """Decide for this worker process from its own field (RAY_MEGATRON_ENV_FIELD)
+    and update ``environ`` in place; None where it has no field or the
+    plugin decided.
 
     ``node_environ`` is the node's own environment (the raylet's; None when
     it cannot be read): what differs from it in ``environ`` came from the
-    runtime env's ``env_vars``, so is explicit, and so is a value the job's
-    own ``env_vars`` (``job_env_vars``) gave, even where it equals the
-    node's; the node's other values are the inherited ones.
+    runtime env's ``env_vars``, so is explicit, and so is a pack variable
+    whose mark says a runtime env gave it (``given_names``), even where it
+    equals the node's; the node's other values are the inherited ones.
     ``cache(probe, kind)`` returns the node's ``gpus``, ``fabric`` or ``p2p`` facts,
     running ``probe`` only when no worker on the node has.
     """
@@ -364,13 +393,18 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     from .probe import probe_fabric, probe_gpus, probe_p2p
 
     text = _own_field_text(environ, node_environ)
+    if not text:
+        # Every env that carries this hook carries the field beside it
+        # (add_setup_hook); a worker without one has nothing to decide from.
+        logger.warning("%s: this worker's environment has no %s (the env that set the setup "
+                       "hook did not come from build_runtime_env or 'ray-megatron-env "
+                       "runtime-env'): nothing decided here", SETUP_HOOK_PATH, FIELD_VARIABLE)
+        return None
     try:
-        field = json.loads(text) if text else job_field
+        field = json.loads(text)
     except ValueError as exc:
         raise FieldValueError(f"{FIELD_VARIABLE} is not JSON ({exc}); it is written by "
                               "build_runtime_env, so give the worker an env made there") from None
-    if field is None:
-        return None  # a worker of this job started without the field
     spec = parse_field(field)
     # The node's environment, as the agent probes with it: never this
     # worker's CUDA_VISIBLE_DEVICES, which Ray rewrites per task.
@@ -383,9 +417,8 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     if node_environ is None:
         env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:
-        given = job_env_vars or {}
-        env_vars = {k: v for k, v in environ.items()
-                    if node_environ.get(k) != v or given.get(k) == v}
+        given = given_names(environ, node_environ)
+        env_vars = {k: v for k, v in environ.items() if node_environ.get(k) != v or k in given}
     before = dict(env_vars)
     result = decide_node(spec, facts, env_vars, node_environ or {}, via=VIA_SETUP_HOOK)
     result.write_to(env_vars, logger)
@@ -416,24 +449,12 @@ def node_environment(pid: Optional[int] = None) -> Optional[Dict[str, str]]:
     return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}
 
 
-def _job_runtime_env(worker: Any) -> Dict[str, Any]:
-    """The job's runtime env (what ``ray.init`` was given); {} where it
-    cannot be read."""
-    try:
-        text = worker.core_worker.get_job_config().runtime_env_info.serialized_runtime_env
-        env = json.loads(text or "{}")
-    except Exception:
-        return {}
-    return env if isinstance(env, dict) else {}
-
-
-def _node_cache(worker: Any, ray: Any) -> Any:
+def _node_cache(worker: Any) -> Any:
     """The node's cache in its Ray session folder (None where it cannot be had)."""
     from .cache import NodeCache
 
     try:
-        return NodeCache(worker.node.get_session_dir_path(),
-                         ray.get_runtime_context().get_node_id())
+        return NodeCache(worker.node.get_session_dir_path(), worker.current_node_id.hex())
     except Exception:
         return None
 

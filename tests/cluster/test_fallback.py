@@ -154,19 +154,6 @@ def test_an_fsdp_job_replaces_a_nodes_inherited_1_with_a_callable_user_hook(clus
         "unplugged": (None, "setup-hook", "none", "callable")}
 
 
-def test_a_job_env_vars_value_equal_to_the_nodes_own_is_kept_on_either_path(cluster, tmp_path):
-    # FSDP would replace the node's inherited 1; the job's own env_vars set 1.
-    got = brief(run_job(cluster, tmp_path, f"""
-        env = build_runtime_env({str(FSDP_YAML)!r},
-                                base={{"env_vars": {{"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}}})
-        ray.init(address=sys.argv[1], log_to_driver=False, runtime_env=env)
-        print(json.dumps(on(["a100_inherit1_unplugged", "a100_inherit1"])))
-    """))
-    assert {n: (v, via, source) for n, (v, via, source, *_) in got.items()} == {
-        "a100_inherit1_unplugged": ("1", "setup-hook", "explicit"),
-        "a100_inherit1": ("1", "plugin", "explicit")}
-
-
 NEMO_RL_MEGATRON = TESTS / "fixtures/nemo_rl/configs/grpo_math_1B_megatron.yaml"
 
 

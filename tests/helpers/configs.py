@@ -42,12 +42,17 @@ REWARD_MODEL_ONLY = (f"{ACTOR}.strategy=fsdp", "critic.strategy=fsdp",
 
 def job_env(field, env_vars=None, **rest):
     """The job env build_runtime_env returns for a compact ``field``: the
-    field, the field again in env_vars for the worker-side fallback, and
-    Ray's setup hook (docs/how-it-works.md#two-paths)."""
+    field, the field again in env_vars for the worker-side fallback, a mark
+    beside each pack variable env_vars set, and Ray's setup hook
+    (docs/how-it-works.md#two-paths)."""
     import json as _json
 
+    from ray_megatron_env.worker import PACK_VARIABLES
+
+    env_vars = dict(env_vars or {})
+    marks = {f"RAY_MEGATRON_ENV_GIVEN_{name}": "1" for name in env_vars if name in PACK_VARIABLES}
     return {"megatron_env": field,
-            "env_vars": {**(env_vars or {}),
+            "env_vars": {**env_vars, **marks,
                          "RAY_MEGATRON_ENV_FIELD": _json.dumps(field, separators=(",", ":"),
                                                                  sort_keys=True)},
             "worker_process_setup_hook": "ray_megatron_env.worker.setup_hook", **rest}

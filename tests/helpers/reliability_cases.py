@@ -267,6 +267,18 @@ FAULTS: Tuple[Fault, ...] = (
           ("cluster/test_fallback.py::test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided",
            "cluster/test_job_submit.py::test_a_driver_nested_in_a_worker_of_a_submitted_job_starts_and_decides",
            "unit/test_job_submission.py::test_a_driver_nested_in_a_worker_passes_rays_upload")),
+    Fault("a worker's first task arrives after its setup hook ran (Ray orders the two on no "
+          "release; forced with Ray's PushTask delay), on a node without the plugin",
+          "the hook reads only the worker's own environment (the field and each pack "
+          "variable's mark beside it), never Ray's job config: the job's namespace, the "
+          "driver's directory on sys.path and an explicit value equal to the node's own "
+          "(job, per-role or per-actor) are kept, as on a registered node",
+          "nothing; a plain per-actor env_vars value equal to the node's own, of a variable "
+          "no env from this package set, is read as the node's (docs/how-it-works.md)",
+          ("cluster/test_setup_hook_race.py::test_a_job_value_equal_to_the_nodes_own_stays_explicit_under_the_race",
+           "cluster/test_setup_hook_race.py::test_an_actors_value_equal_to_the_nodes_own_over_the_jobs_is_explicit",
+           "cluster/test_setup_hook_race.py::test_fresh_workers_without_the_delay_keep_the_jobs_config_and_value",
+           "unit/test_worker.py::test_the_setup_hook_asks_ray_nothing_it_fills_with_the_first_task")),
     Fault("plugin registered but the package not installed on a node", "Ray's agent cannot "
           "import the class, the raylet exits and the node never joins; the agent's "
           "runtime_env_agent*.err names the missing module (Ray's behaviour, not the plugin's)",

@@ -297,7 +297,6 @@ def test_a_remove_takes_the_copy_away(node, value, source, write, remove, warned
 
 def test_the_plugin_and_the_setup_hook_agree_on_an_a100_and_an_h100():
     env = nemo_rl_env(packs=["torch-arch"])
-    spec_field = env["megatron_env"]
     for gpus, archs, source in (("8.0", "8.0", "policy"), ("9.0", IMAGE_ARCHS, "driver-env")):
         caps = NodeGpus.known([tuple(map(int, gpus.split(".")))], "fake")
         env_vars = dict(env["env_vars"])
@@ -308,8 +307,7 @@ def test_the_plugin_and_the_setup_hook_agree_on_an_a100_and_an_h100():
         # the setup hook: the worker has the node's environment with env_vars over it
         node = {"RAY_MEGATRON_ENV_FAKE_GPUS": gpus, "PATH": "/usr/bin"}
         environ = {**node, **env["env_vars"]}
-        hooked = decide_in_worker(environ, node, spec_field, lambda probe, kind: probe(), LOG,
-                                  job_env_vars=env["env_vars"])
+        hooked = decide_in_worker(environ, node, lambda probe, kind: probe(), LOG)
         assert (environ[ARCHS], hooked.variables[ARCHS].source) == (archs, source)
         assert hooked.variables[ARCHS].driver_value == IMAGE_ARCHS
 

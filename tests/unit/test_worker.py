@@ -53,6 +53,14 @@ def direct(probe, kind):
     return probe()
 
 
+def decide(environ, node_env, field, cache, log):
+    """decide_in_worker for a worker whose runtime env carries ``field``
+    (as RAY_MEGATRON_ENV_FIELD, where build_runtime_env puts it)."""
+    if field is not None:
+        environ[FIELD_VARIABLE] = json.dumps(field)
+    return decide_in_worker(environ, node_env, cache, log)
+
+
 @pytest.mark.parametrize("field,gpus,value,source", [
     (MEGATRON_TP2, "9.0", "1", "policy"),  # megatron-model-parallel
     (MEGATRON_TP2, "10.0", None, "none"),  # megatron-blackwell
@@ -62,7 +70,7 @@ def direct(probe, kind):
 def test_the_job_field_is_decided_from_the_nodes_gpus(field, gpus, value, source):
     node_env = node(gpus)
     environ = worker(node_env)
-    decision = decide_in_worker(environ, node_env, field, direct, LOG)
+    decision = decide(environ, node_env, field, direct, LOG)
     assert (decision.value, decision.source, decision.via) == (value, source, "setup-hook")
     assert environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == value
     assert json.loads(environ["RAY_MEGATRON_ENV_DECISION"])["via"] == "setup-hook"
@@ -73,13 +81,13 @@ def test_the_nodes_own_gpus_decide_not_the_workers_visible_devices():
     # CUDA_VISIBLE_DEVICES is empty still gets its node's decision.
     node_env = node("9.0")
     environ = worker(node_env, CUDA_VISIBLE_DEVICES="")
-    assert decide_in_worker(environ, node_env, MEGATRON_TP2, direct, LOG).gpus == ["9.0"]
+    assert decide(environ, node_env, MEGATRON_TP2, direct, LOG).gpus == ["9.0"]
 
 
 def test_an_inherited_value_that_breaks_a_rule_is_replaced():
     node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
     environ = worker(node_env)
-    decision = decide_in_worker(environ, node_env, FSDP, direct, LOG)
+    decision = decide(environ, node_env, FSDP, direct, LOG)
     assert (decision.value, decision.source, decision.node_value) == ("8", "policy", "1")
     assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
 
@@ -87,65 +95,117 @@ def test_an_inherited_value_that_breaks_a_rule_is_replaced():
 def test_a_value_from_env_vars_is_explicit_and_kept():
     node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
     environ = worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="4")
-    decision = decide_in_worker(environ, node_env, MEGATRON_TP2, direct, LOG)
+    decision = decide(environ, node_env, MEGATRON_TP2, direct, LOG)
     assert (decision.value, decision.source) == ("4", "explicit")
     assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "4"
     assert "breaks a preferred rule" in decision.warnings[0]
 
 
-def test_a_job_env_vars_value_equal_to_the_nodes_own_is_explicit():
-    # The plugin sees the job's env_vars as explicit; the hook reads them
-    # from the job config, so it agrees even where the node exports the same.
-    node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
-    environ = worker(node_env)
-    decision = decide_in_worker(environ, node_env, FSDP, direct, LOG,
-                                job_env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
-    assert (decision.value, decision.source) == ("1", "explicit")
-    assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+NODE_OWN_1 = {CONNECTIONS: "1"}
 
 
-def test_an_actors_value_over_the_jobs_is_explicit_too():
-    node_env = node("8.0", CUDA_DEVICE_MAX_CONNECTIONS="1")
-    environ = worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="4")
-    decision = decide_in_worker(environ, node_env, FSDP, direct, LOG,
-                                job_env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
-    assert (decision.value, decision.source) == ("4", "explicit")
+def merged(*envs):
+    """A worker's environment on an A100 node that exports 1: the node's,
+    with each runtime env's env_vars applied over it, as Ray merges them key
+    by key (job, then actor, then task)."""
+    out = node("8.0", **NODE_OWN_1)
+    for env in envs:
+        out.update(env.get("env_vars") or {})
+    return out
 
 
-def test_the_workers_own_field_wins_over_the_jobs():
+# The setup hook tells explicit from inherited (the precedence) by
+# what the worker's environment carries, never by asking Ray for the job's
+# env. FSDP prefers anything but 1 (rules.md: fsdp-style), so a 1 the
+# runtime env gave is kept (explicit) and the node's own 1 is replaced by
+# CUDA's default 8 (policy).
+@pytest.mark.parametrize("case,envs,expected", [
+    ("the job's value, equal to the node's own",
+     lambda: [build_runtime_env(FSDP, base={"env_vars": NODE_OWN_1})], ("1", "explicit")),
+    ("a per-role env under that job env",
+     lambda: [build_runtime_env(FSDP, base={"env_vars": NODE_OWN_1}),
+              build_runtime_env(FSDP, role="actor")], ("1", "explicit")),
+    ("an actor's plain env_vars equal to the node's, over another job value",
+     lambda: [build_runtime_env(FSDP, base={"env_vars": {CONNECTIONS: "4"}}),
+              {"env_vars": NODE_OWN_1}], ("1", "explicit")),
+    ("an actor's value over the job's",
+     lambda: [build_runtime_env(FSDP, base={"env_vars": NODE_OWN_1}),
+              {"env_vars": {CONNECTIONS: "4"}}], ("4", "explicit")),
+    ("a job env without the variable: the node's own",
+     lambda: [build_runtime_env(FSDP)], ("8", "policy")),
+    ("a job's value the driver hook took over",
+     lambda: [build_runtime_env(FSDP, base={"env_vars": NODE_OWN_1}, take_over=True)],
+     ("8", "policy")),
+])
+def test_a_value_a_runtime_env_gave_is_explicit_even_where_it_equals_the_nodes(
+        case, envs, expected):
+    environ = merged(*envs())
+    decision = decide_in_worker(environ, node("8.0", **NODE_OWN_1), direct, LOG)
+    assert (decision.value, decision.source) == expected, case
+    assert environ[CONNECTIONS] == expected[0]
+
+
+def test_a_mark_the_node_exports_itself_is_the_nodes():
+    # A node whose own environment has the mark (a shell copied from a
+    # worker's) gives its workers nothing explicit.
+    node_env = node("8.0", **NODE_OWN_1, RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS="1")
+    environ = worker(node_env, **{FIELD_VARIABLE: json.dumps(FSDP)})
+    decision = decide_in_worker(environ, node_env, direct, LOG)
+    assert (decision.value, decision.source, decision.node_value) == ("8", "policy", "1")
+
+
+def test_every_env_the_package_builds_marks_the_pack_variables_it_sets():
+    env = build_runtime_env(FSDP, base={"env_vars": {CONNECTIONS: "1", "A": "b"}},
+                            packs=["torch-arch"])
+    marks = {k: v for k, v in env["env_vars"].items() if k.startswith("RAY_MEGATRON_ENV_GIVEN_")}
+    assert marks == {"RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert as_actor_env(env)["env_vars"]["RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    # ray job submit: a value left to verl's driver loses its mark with it.
+    submitted, _ = job_submission_env(env, "verl")
+    assert submitted["env_vars"]["RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    del env["env_vars"][CONNECTIONS]
+    submitted, _ = job_submission_env(env, "verl")
+    assert not any(k.startswith("RAY_MEGATRON_ENV_GIVEN_") for k in submitted["env_vars"])
+
+
+def test_the_workers_own_field_is_what_is_decided():
     node_env = node("9.0")
     environ = worker(node_env, **{FIELD_VARIABLE: json.dumps(FSDP)})
-    decision = decide_in_worker(environ, node_env, MEGATRON_TP2, direct, LOG)
+    decision = decide_in_worker(environ, node_env, direct, LOG)
     assert decision.engines == {"actor": "fsdp"} and decision.value is None
 
 
 def test_where_the_plugin_decided_the_fallback_does_nothing():
     node_env = node("9.0")
     environ = worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="1",
-                     RAY_MEGATRON_ENV_DECISION='{"via":"plugin"}')
+                     RAY_MEGATRON_ENV_DECISION='{"via":"plugin"}',
+                     **{FIELD_VARIABLE: json.dumps(FSDP)})
     before = dict(environ)
-    assert decide_in_worker(environ, node_env, FSDP, direct, LOG) is None
+    assert decide_in_worker(environ, node_env, direct, LOG) is None
     assert environ == before
 
 
-def test_without_a_field_nothing_is_decided():
+def test_without_a_field_nothing_is_decided_and_the_worker_log_says_so(caplog):
     node_env = node("9.0")
     environ = worker(node_env)
-    assert decide_in_worker(environ, node_env, None, direct, LOG) is None
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        assert decide(environ, node_env, None, direct, LOG) is None
     assert "RAY_MEGATRON_ENV_DECISION" not in environ
+    assert "has no RAY_MEGATRON_ENV_FIELD" in caplog.text
 
 
 def test_a_bad_field_fails_the_worker_with_the_fields_message():
     node_env = node("9.0")
     with pytest.raises(ValueError, match="unknown strategy 'megatorn'"):
-        decide_in_worker(worker(node_env), node_env,
-                         {"version": 2, "engines": {"a": {"strategy": "megatorn"}}}, direct, LOG)
+        decide(worker(node_env), node_env,
+               {"version": 2, "engines": {"a": {"strategy": "megatorn"}}}, direct, LOG)
 
 
 def test_an_unreadable_node_environment_keeps_what_the_worker_has():
     # No way to tell inherited from explicit: what the worker has is kept.
     environ = worker(node("8.0"), CUDA_DEVICE_MAX_CONNECTIONS="1")
-    decision = decide_in_worker(environ, None, FSDP, direct, LOG)
+    decision = decide(environ, None, FSDP, direct, LOG)
     assert (decision.value, decision.source) == ("1", "explicit")
 
 
@@ -158,8 +218,7 @@ def test_the_worker_names_the_decision_variable_as_the_core_does():
 def test_a_field_variable_that_is_not_json_names_the_variable():
     node_env = node("9.0")
     with pytest.raises(ValueError, match="RAY_MEGATRON_ENV_FIELD is not JSON"):
-        decide_in_worker(worker(node_env, **{FIELD_VARIABLE: "{oops"}), node_env, None, direct,
-                         LOG)
+        decide(worker(node_env, **{FIELD_VARIABLE: "{oops"}), node_env, None, direct, LOG)
 
 
 def test_node_environment_reads_only_a_raylet_parent():
@@ -290,10 +349,14 @@ DRIVER_SIDE = {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
                "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "RAY_MEGATRON_ENV_MERGE": "strict"}
 
 
-def test_the_job_submission_env_has_no_field_copy_in_env_vars():
+def test_the_job_submission_env_carries_the_field_for_the_setup_hook():
+    # Also where Ray skips the driver hook (uv run), every worker reads its
+    # field from its own environment.
     env, notes = job_submission_env(build_runtime_env(FSDP_YAML), "verl")
+    field = env["env_vars"].pop(FIELD_VARIABLE)
     assert env["env_vars"] == DRIVER_SIDE and notes == []
-    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH and "megatron_env" in env
+    assert json.loads(field) == env["megatron_env"]
+    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
 
 
 def test_the_job_submission_env_for_nemo_rl_lets_its_driver_win_the_merge():
@@ -335,7 +398,7 @@ def test_the_fallback_decides_the_packs_too():
         kinds.append(kind)
         return probe()
 
-    decision = decide_in_worker(environ, node_env, field, cache, LOG)
+    decision = decide(environ, node_env, field, cache, LOG)
     assert kinds == ["gpus", "fabric"]  # the fabric is read because the pack needs it
     # Without an IMEX channel only MNNVL goes off (NCCL src/mnnvl.cc); NVLS
     # then uses POSIX handles per host (src/transport/nvls.cc) and is left alone.
@@ -354,7 +417,7 @@ def test_without_packs_the_fallback_reads_no_fabric():
         return probe()
 
     node_env = node("9.0")
-    decide_in_worker(worker(node_env), node_env, MEGATRON_TP2, cache, LOG)
+    decide(worker(node_env), node_env, MEGATRON_TP2, cache, LOG)
     assert kinds == ["gpus"]
 
 
@@ -364,27 +427,29 @@ def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkey
 
     cache = NodeCache(str(tmp_path), "node-1")
     node_env = node("9.0", CUDA_DEVICE_MAX_CONNECTIONS="4")
-    first = worker(node_env)
-    decide_here(first, node_env, MEGATRON_TP2, cache, lambda: LOG)
+    tp2 = {FIELD_VARIABLE: json.dumps(MEGATRON_TP2)}
+    first = worker(node_env, **tp2)
+    decide_here(first, node_env, cache, lambda: LOG)
     assert first["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the node's 4 replaced
 
     def no_core(*args, **kwargs):
         raise AssertionError("the core ran again for the same inputs")
 
     monkeypatch.setattr(worker_module, "decide_in_worker", no_core)
-    second = worker(node_env)
-    decide_here(second, node_env, MEGATRON_TP2, cache, lambda: LOG)
+    second = worker(node_env, **tp2)
+    decide_here(second, node_env, cache, lambda: LOG)
     assert second == first
     # Other inputs (an explicit value) are decided anew, not taken from the cache.
     with pytest.raises(AssertionError, match="the core ran again"):
-        decide_here(worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="8"), node_env, MEGATRON_TP2,
+        decide_here(worker(node_env, CUDA_DEVICE_MAX_CONNECTIONS="8", **tp2), node_env,
                     cache, lambda: LOG)
     with pytest.raises(AssertionError, match="the core ran again"):
-        decide_here(worker(node_env), node_env, FSDP, cache, lambda: LOG)
-    # The same worker environment under a job whose env_vars gave the value.
+        decide_here(worker(node_env, **{FIELD_VARIABLE: json.dumps(FSDP)}), node_env, cache,
+                    lambda: LOG)
+    # The same worker environment where a runtime env gave the node's own value.
     with pytest.raises(AssertionError, match="the core ran again"):
-        decide_here(worker(node_env), node_env, MEGATRON_TP2, cache, lambda: LOG,
-                    job_env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "4"})
+        decide_here(worker(node_env, RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS="1",
+                           **tp2), node_env, cache, lambda: LOG)
 
 
 def test_the_workers_lists_of_names_match_the_cores():
@@ -397,3 +462,57 @@ def test_the_workers_lists_of_names_match_the_cores():
     assert PACK_FACT_KINDS == {name: get_pack(name).fact_kinds for name in PACK_NAMES
                                if name not in ALWAYS_ON}
     assert {node.GPUS, *node.FACT_KINDS} == set(cache.KNOWN_KEYS)
+
+
+class RayWorkerStandIn:
+    """Stands for Ray's ``global_worker`` in a worker process: answers what
+    Ray fixes when it starts the process (its node, node id and job id) and
+    records every attribute and call asked of it, whatever the answer."""
+
+    def __init__(self, seen, path="", answers=None):
+        self._seen, self._path, self._answers = seen, path, answers or {}
+
+    def __getattr__(self, name):
+        path = f"{self._path}.{name}" if self._path else name
+        self._seen.append(path)
+        if path in self._answers:
+            return self._answers[path]
+        return RayWorkerStandIn(self._seen, path, self._answers)
+
+    def __call__(self, *args, **kwargs):
+        self._seen.append(f"{self._path}()")
+        return RayWorkerStandIn(self._seen, f"{self._path}()", self._answers)
+
+
+# What Ray fills in a worker only when its first task arrives, and then
+# keeps for the process's life (docs/design.md): the job's config (its
+# runtime env, namespace, the driver's sys.path) and the task's runtime env.
+LAZY_RAY_STATE = ("job_config", "namespace", "runtime_env", "get_runtime_context")
+
+
+def test_the_setup_hook_asks_ray_nothing_it_fills_with_the_first_task(tmp_path, monkeypatch):
+    import types
+
+    import ray
+    from ray_megatron_env import worker as worker_module
+
+    seen = []
+    folder = types.SimpleNamespace(get_session_dir_path=lambda: str(tmp_path),
+                                   get_logs_dir_path=lambda: str(tmp_path))
+    stand_in = RayWorkerStandIn(seen, answers={
+        "node": folder, "current_node_id": types.SimpleNamespace(hex=lambda: "node-1"),
+        "current_job_id": types.SimpleNamespace(hex=lambda: "01000000")})
+    monkeypatch.setattr(ray._private.worker, "global_worker", stand_in)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: seen.append("get_runtime_context"))
+    node_env = node("8.0", **NODE_OWN_1)
+    monkeypatch.setattr(worker_module, "node_environment", lambda: node_env)
+    job = build_runtime_env(FSDP, base={"env_vars": NODE_OWN_1})
+    os.environ.update(merged(job))
+
+    worker_module.setup_hook()
+
+    decision = json.loads(os.environ["RAY_MEGATRON_ENV_DECISION"])
+    assert (decision["via"], os.environ[CONNECTIONS]) == ("setup-hook", "1")
+    assert decision["variables"][CONNECTIONS]["source"] == "explicit"
+    assert seen, "the hook asked Ray's worker nothing: the stand-in was not used"
+    assert [p for p in seen if any(lazy in p for lazy in LAZY_RAY_STATE)] == []

@@ -355,10 +355,13 @@ def test_runtime_env_takes_the_training_arguments_after_a_double_dash(capsys):
                        "--base-json", json.dumps(SCRIPT_ENV), "--", *args_of(QWEN3_4B))
     assert code == 0
     env = json.loads(out)
-    # The user's own variables stay; the hard-coded value goes; nothing to
-    # take over in slime's driver, which adds no value of its own (the driver
-    # hook that keeps a driver's own setup hook is in every submitted env).
+    # The user's own variables stay (a pack variable with its mark); the
+    # hard-coded value goes; nothing to take over in slime's driver, which
+    # adds no value of its own (the driver hook that keeps a driver's own
+    # setup hook is in every submitted env); the field for the setup hook.
+    assert json.loads(env["env_vars"].pop("RAY_MEGATRON_ENV_FIELD")) == env["megatron_env"]
     assert env["env_vars"] == {"PYTHONPATH": "/root/Megatron-LM/", "NCCL_NVLS_ENABLE": "1",
+                               "RAY_MEGATRON_ENV_GIVEN_NCCL_NVLS_ENABLE": "1",
                                "RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
                                "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
                                "RAY_MEGATRON_ENV_MERGE": "strict"}
