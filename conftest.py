@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import pytest
 
 import ray_megatron_env
-from ray_megatron_env.node import FAKE_NODE_VARIABLE
+from ray_megatron_env.names import FAKE_NODE_VARIABLE
 from ray_megatron_env.simulation import (
     PCIE_NO_P2P_OLD_DRIVER, TRAY_WITHOUT_IMEX, WRONG_ARCH_IMAGE, SimulatedCluster, SimulatedNode,
     ray_processes,

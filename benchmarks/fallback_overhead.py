@@ -20,7 +20,7 @@ from common import report_starts, start_arguments, time_actor_starts
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.demo import load_example
 from ray_megatron_env.simulation import SimulatedCluster, SimulatedNode
-from ray_megatron_env.worker import as_actor_env
+from ray_megatron_env.setup_hook import as_actor_env
 
 NODES = [SimulatedNode("cpu_head", "none"), SimulatedNode("a100", "8.0", plugin=False),
          SimulatedNode("h100", "9.0,9.0", plugin=False)]

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "__version__": "_version",
     "build_runtime_env": "runtime_env",
-    "read_decision": "worker",
+    "read_decision": "record",
     "check_cluster": "check",
     "explain": "explanation",
-    "Decision": "decision",
+    "Decision": "record",
     "MegatronEnvError": "errors",
     "FieldTypeError": "errors",
     "FieldValueError": "errors",
@@ -26,11 +26,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover
     from ._version import __version__
     from .check import check_cluster
-    from .decision import Decision
     from .errors import FieldTypeError, FieldValueError, MegatronEnvError
     from .explanation import explain
+    from .record import Decision, read_decision
     from .runtime_env import build_runtime_env
-    from .worker import read_decision
 
 
 def __getattr__(name: str) -> Any:

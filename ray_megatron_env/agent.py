@@ -13,14 +13,15 @@ import logging
 from typing import Any, List, Mapping, MutableMapping, Optional
 
 from .cache import ProbeCache
-from .decision import VIA_PLUGIN, Decision, decide_node, split_driver_env
+from .decision import decide_node, split_driver_env
+from .record import VIA_PLUGIN, Decision
 from .frameworks import parse_field
-from .node import FABRIC, P2P, NodeFacts, NodeGpus
+from .node import NodeFacts, NodeGpus
+from .names import FABRIC, FIELD, P2P
 from .packs import fact_kinds
 from .packs.connections import explicit_value
 from .probe import probe_fabric, probe_gpus, probe_p2p
 from .spec import Spec
-from .values import FIELD
 
 
 def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:

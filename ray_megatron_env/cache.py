@@ -23,12 +23,14 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+
+from .names import FABRIC, GPUS, P2P, PACK_FACT_KINDS, PACK_VARIABLES
 
 FOLDER = "megatron_env"
 RETRY_FAILED_AFTER_S = 60.0
 # The key of each kind's record that is None when its probe failed.
-KNOWN_KEYS = {"gpus": "capabilities", "fabric": "gpus", "p2p": "count"}
+KNOWN_KEYS = {GPUS: "capabilities", FABRIC: "gpus", P2P: "count"}
 
 
 def fresh(facts: Any, age_s: float, retry_failed_after_s: float) -> bool:
@@ -132,6 +134,32 @@ class NodeCache:
                 return None
             parts.append(text)
         return "\n".join(parts)
+
+    def decision_key(self, field: Any, environ: Mapping[str, str],
+                     node_environ: Mapping[str, str], given: Iterable[str]) -> Optional[str]:
+        """The key of a decision made on this node for one worker's inputs:
+        the field, the values of every variable a decision reads (the
+        worker's and the node's), those of them a runtime env gave
+        (``given``), and the node's cached facts the field's packs read.
+        None where a fact is not cached yet, or the field cannot be read
+        (the full path then says what is wrong with it)."""
+        import hashlib
+
+        try:
+            processes = [rule["variable"] for rule in field.get("processes", ())]
+            packs = field.get("packs") or ()
+            kinds = sorted({kind for name in ([packs] if isinstance(packs, str) else packs)
+                            for kind in PACK_FACT_KINDS.get(name, ())})
+        except (AttributeError, TypeError, KeyError):
+            return None
+        facts = self.stamp((GPUS, *kinds))
+        if facts is None:
+            return None
+        names = sorted(set(PACK_VARIABLES) | set(processes))
+        material = json.dumps([field, [environ.get(n) for n in names],
+                               [node_environ.get(n) for n in names], sorted(given), facts],
+                              sort_keys=True)
+        return hashlib.sha256(material.encode()).hexdigest()[:32]
 
     def decision(self, key: str) -> Optional[Dict[str, Any]]:
         """A decision already made on this node for the same inputs (``key``)."""

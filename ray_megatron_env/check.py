@@ -17,14 +17,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .decision import DECISION_VARIABLE, VIA_PLUGIN, Decision
-from .packs import OPTIONAL_PACKS
-from .engines import CONNECTIONS_VARIABLE
 from .frameworks.loading import ConfigLike
+from .names import CONNECTIONS_VARIABLE, DECISION_VARIABLE, FIELD, OPTIONAL_PACKS, PACK_VARIABLES
+from .record import VIA_PLUGIN, Decision
 from .runtime_env import build_runtime_env
+from .setup_hook import as_actor_env
 from .spec import Roles, Spec
-from .values import FIELD
-from .worker import as_actor_env
 
 DEFAULT_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
@@ -94,7 +92,6 @@ class _WorkerView:
         if not fabric:
             return seen
         from .probe import probe_fabric, probe_p2p
-        from .worker import PACK_VARIABLES
 
         values = {name: os.environ[name] for name in PACK_VARIABLES if name in os.environ}
         return seen + (json.dumps(probe_fabric().to_dict()), json.dumps(probe_p2p().to_dict()),
@@ -237,8 +234,10 @@ def _advice(fabric_json: str, decision_json: str, where: str,
     """Each optional pack the job did not ask for, evaluated on this node's
     facts and on the values its worker has (from the node or the job): every
     required change it would make, in words."""
-    from .node import FABRIC, P2P, NodeFacts, facts_from_record, parse_gpu_list
-    from .packs import REQUIRED, SET, get_pack
+    from .node import facts_from_record, NodeFacts, parse_gpu_list
+    from .names import FABRIC, P2P
+    from .packs import get_pack
+    from .packs.pack import REQUIRED, SET
 
     decision = Decision.from_json(decision_json)
     fabric = facts_from_record(FABRIC, json.loads(fabric_json))

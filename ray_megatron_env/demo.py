@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .check import NodeReport, alive_nodes, observe_many
 from .frameworks.loading import ConfigLike
-from .node import FAKE_NODE_VARIABLE
-from .packs import ALWAYS_ON, LEAVE, REMOVE, SET
+from .names import ALWAYS_ON, FAKE_NODE_VARIABLE
+from .packs.pack import LEAVE, REMOVE, SET
 from .runtime_env import build_runtime_env
 from .simulation import MIXED_NODES, TRAY_WITHOUT_IMEX, SimulatedCluster, SimulatedNode
 

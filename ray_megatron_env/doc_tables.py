@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Optional
 
 from .engines import ALWAYS_RUN, CHECKS, KNOWN_STRATEGIES
-from .packs import ALWAYS_ON, PACK_NAMES, Pack, get_pack
+from .packs import get_pack, Pack
+from .names import ALWAYS_ON, PACK_NAMES
 from .packs.connections import RULES, Rule
 
 

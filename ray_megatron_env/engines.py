@@ -2,8 +2,7 @@
 strategy names, the checks that assert on a value, Megatron-Core's names and
 keys, CUDA's variable with its range, and the packs' names.
 
-Bottom floor: imports nothing of the package. A name spelt here is spelt
-nowhere else (a reader that meets Megatron-Core's dispatcher keys imports
+Imports only ``names``. A name spelt here is spelt nowhere else (a reader that meets Megatron-Core's dispatcher keys imports
 them from here).
 """
 
@@ -11,8 +10,9 @@ from __future__ import annotations
 
 from typing import Dict
 
-# CUDA's per-process hardware work-queue count (the ``cuda-connections`` pack).
-CONNECTIONS_VARIABLE = "CUDA_DEVICE_MAX_CONNECTIONS"
+# CUDA's per-process hardware work-queue count (the ``cuda-connections`` pack),
+# and the packs' names, handed on from their one home.
+
 CUDA_DEFAULT = 8
 CUDA_RANGE = range(1, 33)  # NVIDIA's documented range; CUDA clamps outside it
 
@@ -87,11 +87,3 @@ DISPATCHER_KEYS = (DISPATCHER_TYPE_KEY, FLEX_BACKEND_KEY, ENABLE_DEEPEP_KEY)
 PIPELINE_BACKEND_KEY = "pipeline_model_parallel_comm_backend"
 MOE_OVERLAP_KEY = "overlap_moe_expert_parallel_comm"
 
-# The rule packs, by name (packs/: one module each); the first is always on.
-CUDA_CONNECTIONS = "cuda-connections"
-NCCL_FABRIC = "nccl-fabric"
-NCCL_HOST_MEM = "nccl-host-mem"
-TORCH_ARCH = "torch-arch"
-PACK_NAMES = (CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, TORCH_ARCH)
-ALWAYS_ON = (CUDA_CONNECTIONS,)
-OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)

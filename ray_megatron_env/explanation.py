@@ -10,18 +10,17 @@ import os
 from dataclasses import replace
 from typing import Mapping, Optional, Sequence, Union
 
-from .decision import Decision, NodeDecision, decide_node
+from .decision import NodeDecision, decide_node
+from .record import Decision
 from .errors import FieldValueError
-from .engines import CONNECTIONS_VARIABLE
+from .names import CONNECTIONS_VARIABLE, FABRIC, FIELD, P2P
 from .node import (
     ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeP2P, parse_fake_node, parse_gpu_list,
 )
-from .node import FABRIC, P2P
 from .packs import get_pack
 from .frameworks.loading import ConfigLike, load_spec
 from .runtime_env import with_packs
 from .spec import Roles
-from .values import FIELD
 
 
 def _given(parse, *args, **kw):

@@ -37,17 +37,17 @@ import logging
 import os
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from .engines import CONNECTIONS_VARIABLE
 from .errors import EnvironmentVariableError
 from .job_submission import (
-    MERGE_STRICT, MERGE_VARIABLE, complete_submitted_env, driver_environment, submitted_job_env,
+    MERGE_STRICT, complete_submitted_env, driver_environment, submitted_job_env,
 )
-from .runtime_env import TAKE_OVER_VARIABLE, build_runtime_env
-from .values import FIELD
-from .worker import (
-    NESTED_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE, UV_HOOK_VARIABLE,
-    take_inherited_setup_hook,
+from .names import (
+    CONNECTIONS_VARIABLE, FIELD, MERGE_VARIABLE, NESTED_VARIABLE,
+    NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE, UV_HOOK_VARIABLE,
 )
+from .runtime_env import build_runtime_env
+from .setup_hook import take_inherited_setup_hook
+from .uv_hook import rays_uv_hook
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +83,6 @@ def next_hook(environ: Mapping[str, str] = os.environ) -> Optional[Callable[[Any
     if not callable(found):
         raise EnvironmentVariableError(f"{NEXT_HOOK_VARIABLE}={path!r} is not a function")
     return found
-
-
-def rays_uv_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """What Ray 2.47 to 2.54 run instead of RAY_RUNTIME_ENV_HOOK in a driver
-    under ``uv run``, where a worker's setup hook turned Ray's switch off so
-    that this hook runs too (``worker.uv_hook_replaces_driver_hook``)."""
-    from ray._private.runtime_env import uv_runtime_env_hook as uv
-
-    return uv.hook(runtime_env) if uv._get_uv_run_cmdline() else runtime_env
 
 
 def runtime_env_hook(runtime_env: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:

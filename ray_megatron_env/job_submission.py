@@ -19,28 +19,19 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .engines import CONNECTIONS_VARIABLE
-from .runtime_env import (
-    HOOK_PATH, TAKE_OVER_VARIABLE, ConfigLike, Roles, build_runtime_env, configured_value,
+from .names import (
+    CONNECTIONS_VARIABLE, DRIVER_HOOK_PATH as HOOK_PATH, DRIVER_HOOK_VARIABLE, FIELD,
+    JOB_CONFIG_VARIABLE, MERGE_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE,
+    OVERRIDE_VARIABLE, OWN_PREFIX, SETUP_HOOK_FIELD, TAKE_OVER_VARIABLE,
 )
-from .values import FIELD
-from .worker import (
-    DRIVER_HOOK_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE, SETUP_HOOK_FIELD,
-    mark_given, take_inherited_setup_hook,
-)
+from .runtime_env import ConfigLike, Roles, build_runtime_env, configured_value
+from .setup_hook import mark_given, take_inherited_setup_hook
 
-# Ray's switch that lets ray.init's env win a conflict with a submitted
-# job's, and the variable in which the job supervisor hands a submitted
-# job's env to its driver (ray._private.runtime_env.constants): the same
-# names from 2.41 to 2.60.
-OVERRIDE_VARIABLE = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
-JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-# How a submitted env wants its merge with the driver's ray.init env: strict
-# (Ray's default: a key both set differently is an error) or override (the
-# driver's wins, as RAY_OVERRIDE_JOB_RUNTIME_ENV=1 makes it). The submitted
-# env sets RAY_OVERRIDE_JOB_RUNTIME_ENV=1 itself so that Ray merges at all;
-# this says what the user asked for.
-MERGE_VARIABLE = "RAY_MEGATRON_ENV_MERGE"
+# How a submitted env wants its merge with the driver's ray.init env
+# (MERGE_VARIABLE): strict (Ray's default: a key both set differently is an
+# error) or override (the driver's wins, as RAY_OVERRIDE_JOB_RUNTIME_ENV=1
+# makes it). The submitted env sets RAY_OVERRIDE_JOB_RUNTIME_ENV=1 itself so
+# that Ray merges at all; this says what the user asked for.
 MERGE_STRICT, MERGE_OVERRIDE = "strict", "override"
 
 # Frameworks whose job driver adds no value of its own in ray.init (slime's
@@ -148,7 +139,7 @@ def submitted_job_env(environ: Mapping[str, str] = os.environ) -> Optional[Dict[
 
 def _ours(name: str) -> bool:
     """An env_vars key the submitted env sets for this package."""
-    return name.startswith("RAY_MEGATRON_ENV_") or name in (DRIVER_HOOK_VARIABLE,
+    return name.startswith(OWN_PREFIX) or name in (DRIVER_HOOK_VARIABLE,
                                                             OVERRIDE_VARIABLE)
 
 

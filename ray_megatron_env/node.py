@@ -22,11 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-FAKE_NODE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_NODE"
-# The kinds of node fact: the GPUs (always read), and those read only for a
-# job whose packs need them (``Pack.fact_kinds``).
-GPUS, FABRIC, P2P = "gpus", "fabric", "p2p"
-FACT_KINDS = (FABRIC, P2P)
+# The kinds of node fact (the GPUs, always read; those read only for a job
+# whose packs need them, ``Pack.fact_kinds``), handed on from their home.
+from .names import FABRIC, FAKE_NODE_VARIABLE, GPUS, P2P
 
 Capability = Tuple[int, int]
 

@@ -29,7 +29,6 @@ import os
 import sys
 from typing import Any, List, Optional, Tuple
 
-CLASS_PATH = "ray_megatron_env.plugin.MegatronEnvPlugin"
 BASE_PATH = "ray._private.runtime_env.plugin.RuntimeEnvPlugin"
 # The Ray releases the test suite runs on (.ci/run); docs/operators.md.
 TESTED_RAY = ("2.41.0", "2.60.0")

@@ -11,9 +11,8 @@ import shlex
 from typing import Any, Dict, List, Optional
 
 from .errors import RegistrationError
-from .plugin import CLASS_PATH, MegatronEnvPlugin
-
-PLUGINS_VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
+from .names import PLUGIN_CLASS_PATH as CLASS_PATH, PLUGINS_VARIABLE
+from .plugin import MegatronEnvPlugin
 FORMATS = ("shell", "json", "kuberay", "kuberay-operator")
 
 

@@ -14,19 +14,19 @@ import warnings
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 from .decision import split_driver_env
-from .engines import ALWAYS_ON, CONNECTIONS_VARIABLE, PACK_NAMES
 from .errors import EnvironmentVariableError, FieldValueError
 from .frameworks.compact import MAX_DRIVER_VALUE
 from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
+from .names import (
+    ALWAYS_ON, CONNECTIONS_VARIABLE, EXPLICIT_VARIABLE, FIELD, PACK_NAMES,
+)
 from .packs import variables_of
 from .packs.connections import explicit_value, hard_conflict_everywhere
+from .setup_hook import add_setup_hook
 from .spec import Roles, Spec, read_packs
-from .values import FIELD, fail_type, lookup
-from .worker import DRIVER_HOOK_PATH, add_setup_hook
+from .uv_hook import driver_hook_skipped
+from .values import fail_type, lookup
 
-# The driver hook's switch for take-over (hook.take_over_requested), which
-# job_submission writes into a submitted env.
-TAKE_OVER_VARIABLE = "RAY_MEGATRON_ENV_TAKE_OVER"
 
 
 
@@ -86,10 +86,7 @@ def build_runtime_env(config: ConfigLike, *, role: Roles = None,
     return env
 
 
-# The driver's list of variables whose copied value stays the job's explicit
-# one (docs/field.md#the-drivers-environment-in-env_vars).
-EXPLICIT_VARIABLE = "RAY_MEGATRON_ENV_EXPLICIT"
-ALL_VARIABLES = "*"
+ALL_VARIABLES = "*"  # in EXPLICIT_VARIABLE: every pack variable
 
 
 def stated_explicit(environ: Mapping[str, str]) -> FrozenSet[str]:
@@ -144,37 +141,6 @@ def _refuse_exclusive_fields(env: Mapping[str, Any]) -> None:
                 f"{CONNECTIONS_VARIABLE} per role yourself from 'ray-megatron-env explain'")
 
 
-
-
-# Ray's driver hook runs this (hook.py), set in RAY_RUNTIME_ENV_HOOK.
-HOOK_PATH = DRIVER_HOOK_PATH
-
-
-def driver_hook_skipped(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """Why Ray will not call this driver's RAY_RUNTIME_ENV_HOOK, when this
-    package's hook is the one set: from Ray 2.47, a driver run under
-    ``uv run`` with RAY_ENABLE_UV_RUN_RUNTIME_ENV on (Ray's default) gets
-    Ray's uv hook instead (``ray/_private/worker.py``,
-    ``_maybe_modify_runtime_env``). None when the hook will run."""
-    if environ.get("RAY_RUNTIME_ENV_HOOK", "").strip() != HOOK_PATH:
-        return None
-    try:
-        from ray._private import ray_constants
-        from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
-    except Exception:  # a Ray without the uv hook: RAY_RUNTIME_ENV_HOOK always runs
-        return None
-    if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False):
-        return None
-    try:
-        under_uv = _get_uv_run_cmdline() is not None
-    except Exception:
-        return None
-    if not under_uv:
-        return None
-    return (f"this driver runs under 'uv run' and RAY_ENABLE_UV_RUN_RUNTIME_ENV is on, so Ray "
-            f"skips RAY_RUNTIME_ENV_HOOK={HOOK_PATH}: a hard-coded {CONNECTIONS_VARIABLE} in "
-            "ray.init is not taken over and a raw megatron_env field is not checked. Pass "
-            "build_runtime_env(cfg) to ray.init, or set RAY_ENABLE_UV_RUN_RUNTIME_ENV=0")
 
 
 def _warn_if_driver_hook_skipped() -> None:

@@ -20,10 +20,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Set, Tuple
 
-from .plugin import CLASS_PATH
-from .probe.common import FAKE_VARIABLE
-
-PLUGINS_VARIABLE = "RAY_RUNTIME_ENV_PLUGINS"
+from .names import (
+    FAKE_GPUS_VARIABLE as FAKE_VARIABLE, FAKE_NODE_VARIABLE, PLUGIN_CLASS_PATH as CLASS_PATH,
+    PLUGINS_VARIABLE,
+)
 # Every simulated node's raylet shares this machine's few cores. Under load
 # (a burst of worker starts) a raylet can answer the GCS health check later
 # than Ray's default allows (5 misses of a 3 s period), and the GCS then
@@ -86,7 +86,6 @@ class SimulatedNode:
         return env
 
 
-FAKE_NODE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_NODE"  # node.FAKE_NODE_VARIABLE
 # Four PCIe GPUs without peer access on a CUDA driver before 13.0 (as 4xL4 or
 # L40S nodes report it): where NCCL's cuMem host memory fails (nccl-host-mem).
 PCIE_NO_P2P_OLD_DRIVER = '{"p2p": "none", "cuda_driver": "12.8"}'

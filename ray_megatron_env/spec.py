@@ -14,11 +14,11 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from .errors import FieldValueError
 from .engines import (
-    ALWAYS_ON, CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
-    MEGATRON, MEGATRON_FLEX_BACKENDS, MOE_OVERLAP_KEY, PACK_NAMES, PIPELINE_BACKEND_KEY,
-    PIPELINE_BACKENDS,
+    CHECKS, DISPATCHER_TYPES, ENGINE_KINDS, FLEX_BACKENDS, INFERENCE, KNOWN_STRATEGIES,
+    MEGATRON, MEGATRON_FLEX_BACKENDS, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY, PIPELINE_BACKENDS,
 )
-from .values import FIELD, fail_type, read_flag, read_name, read_names, show
+from .names import ALWAYS_ON, FIELD, PACK_NAMES
+from .values import fail_type, read_flag, read_name, read_names, show
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without the optional keys

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence, Tuple
 from .errors import FieldTypeError, FieldValueError
 from .engines import CUDA_RANGE
 
-FIELD = "megatron_env"
+from .names import FIELD  # noqa: E402  (the field's name, for the messages here)
 MAX_PARALLEL_SIZE = 65536
 
 # Names end up in the worker's environment (inside the decision's JSON) and

@@ -24,10 +24,10 @@ import difflib
 import json
 from typing import Any, Mapping, Tuple
 
-from ..engines import ALWAYS_ON
+from ..names import ALWAYS_ON, FIELD
 from ..errors import FieldTypeError, FieldValueError
 from ..spec import Spec
-from ..values import FIELD, fail_type
+from ..values import fail_type
 from .compact import is_compact, read_compact
 from .reader import Reader
 

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, CONNECTIONS_VARIABLE
+from ..engines import FSDP, INFERENCE, MEGATRON
+from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec
-from ..values import (FIELD, MAX_PARALLEL_SIZE, fail_type, lookup, parse_connections, read_flag,
-                      read_name, show)
+from ..values import (
+    fail_type, lookup, MAX_PARALLEL_SIZE, parse_connections, read_flag, read_name, show,
+)
 from .reader import Reader
 
 FRAMEWORK = "areal"

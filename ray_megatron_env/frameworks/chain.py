@@ -12,7 +12,8 @@ import os
 from typing import Any, List, Optional
 
 from ..errors import FieldValueError
-from ..values import FIELD, fail_type
+from ..values import fail_type
+from ..names import FIELD
 
 
 def load_link(path: str, chain: List[str], max_files: int, entry: Optional[str] = None) -> Any:

@@ -13,9 +13,8 @@ from ..spec import (
     CHOICES, FLAGS, FORMAT_VERSION, READABLE_VERSIONS, SIZES, Engine, ProcessRule, Spec,
     read_checks, read_note, read_packs, resolve_kind,
 )
-from ..values import (
-    FIELD, fail_type, parse_connections, read_flag, read_name, read_size, read_token,
-)
+from ..values import fail_type, parse_connections, read_flag, read_name, read_size, read_token
+from ..names import FIELD
 
 MAX_ENGINES = 64
 MAX_PROCESS_RULES = 16

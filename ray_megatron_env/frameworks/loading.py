@@ -17,10 +17,10 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..engines import CONNECTIONS_VARIABLE
+from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..errors import FieldValueError
 from ..spec import Spec
-from ..values import FIELD, fail_type
+from ..values import fail_type
 from . import all_paths, compose_yaml, read_config, read_field, to_mapping
 
 # Where a verl user sets their own worker env vars (merged by verl's driver

@@ -23,7 +23,8 @@ from ..engines import (
     DISPATCHER_KEYS, FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK, MOE_OVERLAP_KEY,
 )
 from ..spec import Engine, ProcessRule, Spec, read_config_keys, read_dispatcher
-from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
+from ..values import fail_type, lookup, read_flag, read_name, read_size, show
+from ..names import FIELD
 from .chain import load_link
 from .reader import Reader
 

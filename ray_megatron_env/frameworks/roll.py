@@ -33,10 +33,10 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON, CONNECTIONS_VARIABLE
+from ..engines import FSDP, INFERENCE, MEGATRON
+from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
-from ..values import (FIELD, fail_type, parse_connections, read_flag, read_name, read_size,
-                      read_token)
+from ..values import fail_type, parse_connections, read_flag, read_name, read_size, read_token
 from .chain import load_link
 from .reader import Reader
 

@@ -39,7 +39,8 @@ from ..errors import FieldValueError
 from ..engines import (DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP,
                        INFERENCE, MEGATRON, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY)
 from ..spec import Engine, Spec, read_config_keys, read_dispatcher
-from ..values import FIELD, fail_type, lookup, read_flag, read_name, read_size, show
+from ..values import fail_type, lookup, read_flag, read_name, read_size, show
+from ..names import FIELD
 from .reader import Reader
 
 FRAMEWORK = "skyrl"

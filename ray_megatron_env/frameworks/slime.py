@@ -38,10 +38,11 @@ from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 from ..errors import FieldValueError
 from ..engines import (
     DISPATCHER_KEYS, DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE,
-    MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, CONNECTIONS_VARIABLE, PIPELINE_BACKEND_KEY,
+    MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY,
 )
+from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
-from ..values import FIELD, fail_type, parse_connections, read_flag, read_name, read_size
+from ..values import fail_type, parse_connections, read_flag, read_name, read_size
 from .reader import Reader
 
 NAME = "slime"

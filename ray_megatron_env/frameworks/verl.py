@@ -28,7 +28,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ..errors import FieldValueError
 from ..engines import DISPATCHER_KEYS, ENGINE_KINDS, INFERENCE, MEGATRON, MOE_OVERLAP_KEY
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
-from ..values import FIELD, fail_type, lookup, not_a_mapping, read_flag, read_name, read_size
+from ..values import fail_type, lookup, not_a_mapping, read_flag, read_name, read_size
+from ..names import FIELD
 from .reader import Reader
 
 VERSIONS = "verl 0.9.1 (and verl-project/verl 1dda039b)"

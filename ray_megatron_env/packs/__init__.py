@@ -35,13 +35,10 @@ from importlib import import_module
 from typing import FrozenSet, Iterable, Tuple
 
 from ..errors import FieldValueError
-from ..values import FIELD, show
+from ..values import show
+from ..names import CUDA_CONNECTIONS, FIELD, NCCL_FABRIC, NCCL_HOST_MEM, PACK_NAMES, TORCH_ARCH
 # The shape, re-exported: code outside the package takes it from ``packs``.
-from .pack import (  # noqa: F401
-    ACTIONS, ALWAYS_ON, CUDA_CONNECTIONS, KEEP, LEAVE, NCCL_FABRIC, NCCL_HOST_MEM, NONE,
-    OPTIONAL_PACKS, PACK_NAMES, PREFERRED, REMOVE, REQUIRED, SET, TORCH_ARCH, Demand, Evaluate,
-    Outcome, Pack, PackRow, PackVerdict, canonical,
-)
+from .pack import Pack
 
 # name -> module under packs/, loaded on first use.
 _MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",

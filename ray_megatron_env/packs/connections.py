@@ -33,15 +33,13 @@ from typing import (
 
 from ..engines import (
     ALWAYS_RUN, ASSERTS, CUDA_DEFAULT, CUDA_RANGE, FSDP, INFERENCE, MEGATRON,
-    MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK, CONNECTIONS_VARIABLE,
+    MEGATRON_BRIDGE_CHECK, MEGATRON_CORE_CHECK, MEGATRON_LM_CHECK,
 )
+from ..names import CONNECTIONS_VARIABLE, CUDA_CONNECTIONS
 from ..errors import FieldValueError
 from ..node import NodeFacts, NodeGpus
 from ..values import parse_connections
-from .pack import (
-    CUDA_CONNECTIONS, LEAVE, NONE, PREFERRED, REQUIRED, SET, Demand, Outcome, Pack, PackRow,
-    PackVerdict,
-)
+from .pack import Demand, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REQUIRED, SET
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Engine, Spec

@@ -21,20 +21,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
 from ..engines import TRTLLM
-from ..node import FABRIC, IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
-from .nccl_params import cumem_off, nccl_param, worker_value
-from .pack import (
-    KEEP, LEAVE, NCCL_FABRIC, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
+from ..names import (
+    CUMEM_VARIABLE as CUMEM, MNNVL_VARIABLE as MNNVL, NCCL_FABRIC, NVLS_VARIABLE as NVLS,
+    P2P_DISABLE_VARIABLE as P2P_DISABLE, PACK_FACT_KINDS, PACK_VARIABLES_OF,
 )
+from ..node import IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
+from .nccl_params import cumem_off, nccl_param, worker_value
+from .pack import KEEP, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REQUIRED, SET
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Spec
 
-MNNVL = "NCCL_MNNVL_ENABLE"
-P2P_DISABLE = "NCCL_P2P_DISABLE"
-NVLS = "NCCL_NVLS_ENABLE"
-CUMEM = "NCCL_CUMEM_ENABLE"
-VARIABLES = (MNNVL, NVLS, CUMEM)
+VARIABLES = PACK_VARIABLES_OF[NCCL_FABRIC]
 NVLS_MIN_MAJOR = 9  # NVLS multicast exists from Hopper (NCCL nvls.cc: SM90 channel counts)
 
 _MNNVL_CHECK = ("NCCL src/mnnvl.cc ncclMnnvlCheck: it tests every rank's fabric state "
@@ -307,7 +305,7 @@ PACK = Pack(
                   "), an override"),
     rows=ROWS,
     evaluate=evaluate,
-    fact_kinds=(FABRIC,),
+    fact_kinds=PACK_FACT_KINDS[NCCL_FABRIC],
     defaults=((MNNVL, "2, auto (src/init.cc)"), (NVLS, "2, auto (src/transport/nvls.cc)"),
               (CUMEM, "-2, auto-detect (src/misc/cudawrap.cc)")),
 )

@@ -24,20 +24,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from ..node import P2P, NodeFacts, NodeP2P, format_driver, parse_kernel_driver
-from .nccl_params import cumem_off, nccl_param, worker_value
-from .pack import (
-    KEEP, LEAVE, NCCL_HOST_MEM, NONE, PREFERRED, REQUIRED, SET, Outcome, Pack, PackRow, PackVerdict,
+from ..names import (
+    CUMEM_HOST_VARIABLE as HOST, CUMEM_VARIABLE as CUMEM, NCCL_HOST_MEM, PACK_FACT_KINDS,
+    PACK_VARIABLES_OF, P2P_DISABLE_VARIABLE as P2P_DISABLE, SHM_DISABLE_VARIABLE as SHM_DISABLE,
 )
+from ..node import NodeFacts, NodeP2P, format_driver, parse_kernel_driver
+from .nccl_params import cumem_off, nccl_param, worker_value
+from .pack import KEEP, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REQUIRED, SET
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Spec
 
-HOST = "NCCL_CUMEM_HOST_ENABLE"
-P2P_DISABLE = "NCCL_P2P_DISABLE"
-SHM_DISABLE = "NCCL_SHM_DISABLE"
-CUMEM = "NCCL_CUMEM_ENABLE"
-VARIABLES = (HOST, P2P_DISABLE, SHM_DISABLE)
+VARIABLES = PACK_VARIABLES_OF[NCCL_HOST_MEM]
 FIXED_DRIVER = (13, 0)  # cuMem host memory works without P2P from here (NCCL's documentation)
 # CUDA 13.0's minimum kernel driver (CUDA Toolkit 13.0 release notes, Table 3:
 # CUDA 13.0 GA, Linux >= 580.65.06).
@@ -199,7 +197,7 @@ PACK = Pack(
                   "and NCCL_SHM_DISABLE (its env_vars, else the node's)",),
     rows=ROWS,
     evaluate=evaluate,
-    fact_kinds=(P2P,),
+    fact_kinds=PACK_FACT_KINDS[NCCL_HOST_MEM],
     defaults=((HOST, "-1: on where the CUDA driver is 12.6 or later (src/misc/cudawrap.cc)"),
               (P2P_DISABLE, "unset: P2P used where the topology allows (src/graph/paths.cc)"),
               (SHM_DISABLE, "0: SHM used between GPUs without P2P (src/transport/shm.cc)")),

@@ -1,4 +1,4 @@
-"""What a pack is: its rows and outcomes (the packs' names are engines').
+"""What a pack is: its rows and outcomes (the packs' names are in ``names``).
 
 Every pack module (``connections``, ``nccl_fabric``, ...) imports its shape
 from here; the registry (``packs/__init__``), which loads the pack modules,
@@ -10,9 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from ..engines import (  # noqa: F401 (handed on to the pack modules and the registry)
-    ALWAYS_ON, CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, OPTIONAL_PACKS, PACK_NAMES, TORCH_ARCH,
-)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts

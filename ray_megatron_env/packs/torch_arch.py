@@ -24,15 +24,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
 
+from ..names import ARCH_LIST_VARIABLE, TORCH_ARCH
 from ..node import Capability, NodeFacts, format_capability
-from .pack import (
-    KEEP, LEAVE, NONE, PREFERRED, REQUIRED, SET, TORCH_ARCH, Outcome, Pack, PackRow, PackVerdict,
-)
+from .pack import KEEP, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REQUIRED, SET
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Spec
 
-ARCH_LIST_VARIABLE = "TORCH_CUDA_ARCH_LIST"
 _CPP_EXTENSION = "PyTorch torch/utils/cpp_extension.py _get_cuda_arch_flags"
 # The PyTorch releases whose lists the pack's own values must pass: 2.7, the
 # first whose cpp_extension knows 12.0 (2.6 ends at 10.0), to 2.13. Read from

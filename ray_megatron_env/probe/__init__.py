@@ -17,13 +17,14 @@ import dataclasses
 import os
 from typing import Any, Collection, List, Mapping, Sequence
 
-from ..node import (
-    ABSENT, FABRIC, P2P, FakeNodeError, NodeFabric, NodeFacts, NodeGpus, NodeP2P,
+from ..node import ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeGpus, NodeP2P
+from ..names import (
+    DEVICE_ROOT_VARIABLE as ROOT_VARIABLE, FABRIC, FAKE_GPUS_VARIABLE as FAKE_VARIABLE, P2P,
+    PROBE_METHOD_VARIABLE as METHOD_VARIABLE,
 )
 from . import fake, listings, nvml as nvml_source, smi
 from .common import (
-    FAKE_VARIABLE, METHOD_VARIABLE, METHODS, NVML_TIMEOUT_S, ROOT_VARIABLE, SMI_TIMEOUT_S,
-    Absent, ProbeError, VisibilityError, clip,
+    Absent, clip, METHODS, NVML_TIMEOUT_S, ProbeError, SMI_TIMEOUT_S, VisibilityError,
 )
 from .listings import imex_channel
 from .smi import IMEX_CTL, IMEX_TIMEOUT_S, parse_imex_domain, parse_smi_fabric

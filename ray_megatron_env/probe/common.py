@@ -13,13 +13,10 @@ from typing import Any, List, Optional, Sequence
 
 from ..node import Capability
 
-FAKE_VARIABLE = "RAY_MEGATRON_ENV_FAKE_GPUS"
-
-METHOD_VARIABLE = "RAY_MEGATRON_ENV_PROBE"  # auto (default) | nvml | nvidia-smi
-
-# Where the kernel's device listings are looked for; "/" unless the node's
-# /proc and /dev are mounted elsewhere (and in tests, a prepared folder).
-ROOT_VARIABLE = "RAY_MEGATRON_ENV_DEVICE_ROOT"
+# ROOT_VARIABLE: where the kernel's device listings are looked for; "/"
+# unless the node's /proc and /dev are mounted elsewhere (and in tests, a
+# prepared folder).
+from ..names import DEVICE_ROOT_VARIABLE as ROOT_VARIABLE
 
 METHODS = ("auto", "nvml", "nvidia-smi")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from ..node import FAKE_NODE_VARIABLE, FakeNode, parse_fake_node, parse_gpu_list
-from .common import FAKE_VARIABLE
+from ..node import FakeNode, parse_fake_node, parse_gpu_list
+from ..names import FAKE_GPUS_VARIABLE as FAKE_VARIABLE, FAKE_NODE_VARIABLE
 
 
 def read(environ: Mapping[str, str]) -> Optional[FakeNode]:

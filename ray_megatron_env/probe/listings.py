@@ -10,7 +10,8 @@ import re
 from typing import List, Mapping, Optional
 
 from ..node import ABSENT, AMD, ASCEND, MUSA, UNWRITABLE, WRITABLE, NodeGpus
-from .common import ROOT_VARIABLE, clip, root
+from .common import clip, root
+from ..names import DEVICE_ROOT_VARIABLE as ROOT_VARIABLE
 
 NVIDIA_LISTING = "proc/driver/nvidia/gpus"  # one folder per device, from the kernel module
 

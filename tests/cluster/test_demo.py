@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from ray_megatron_env.check import NodeReport
-from ray_megatron_env.decision import Decision
+from ray_megatron_env.record import Decision
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
 

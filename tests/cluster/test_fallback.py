@@ -76,7 +76,7 @@ def test_every_node_gets_its_value_registered_or_not(megatron_job):
     # Megatron TP=2 under verl before Blackwell: 1 (the A100's inherited 1
     # meets it, so it is kept as the node's); Blackwell and CPU: unset. The
     # setup hook's decision on a Blackwell node (unset) is unit-tested
-    # (unit/test_worker.py::test_the_job_field_is_decided_from_the_nodes_gpus);
+    # (unit/test_setup_hook.py::test_the_job_field_is_decided_from_the_nodes_gpus);
     # an unset value by the setup hook on a live worker: the critic below.
     assert {n: (v, via, source) for n, (v, via, source, *_) in megatron_job["job"].items()} == {
         "cpu_head": (None, "plugin", "none"), "a100": ("1", "plugin", "policy"),
@@ -93,7 +93,7 @@ def test_a_driver_nested_in_a_worker_starts_and_its_workers_are_decided(megatron
     workers = {"h100_b200": ["1", "plugin", "policy", "string"],
                "unplugged": ["1", "setup-hook", "policy", "string"],
                "b200": [None, "plugin", "none", "string"]}
-    hook = "ray_megatron_env.worker.setup_hook"
+    hook = "ray_megatron_env.setup_hook.setup_hook"
     assert megatron_job["nested"] == {driver: {"workers": workers, "hook": [hook, hook]}
                                       for driver in ("h100_b200", "unplugged")}
 

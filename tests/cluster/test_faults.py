@@ -152,7 +152,7 @@ def test_a_node_without_the_package_says_so_when_the_job_does_not_ship_it(cluste
             print(json.dumps({{"error": str(exc)}}))
     """)
     assert "No module named 'ray_megatron_env'" in got["error"], got
-    assert "ray_megatron_env.worker.setup_hook" in got["error"], got
+    assert "ray_megatron_env.setup_hook.setup_hook" in got["error"], got
 
 
 # check's --ship-package: py_modules in an actor env on a node without it.

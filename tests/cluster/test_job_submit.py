@@ -419,7 +419,7 @@ def test_a_driver_nested_in_a_worker_of_a_submitted_job_starts_and_decides(drive
     assert code == 0, output[-4000:]
     lines = [line for line in output.splitlines() if line.startswith("NESTED ")]
     assert lines, output[-4000:]
-    hook = "ray_megatron_env.worker.setup_hook"
+    hook = "ray_megatron_env.setup_hook.setup_hook"
     assert json.loads(lines[-1][len("NESTED "):]) == {
         "workers": {"head": [None, "setup-hook", "none", None],
                     "h100": ["1", "setup-hook", "policy", None],

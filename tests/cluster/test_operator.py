@@ -10,12 +10,10 @@ import pytest
 
 from configs import FSDP_YAML, MEGATRON_FSDP, MEGATRON_YAML, verl
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.check import observe
-from ray_megatron_env.check import NodeReport
+from ray_megatron_env.check import NodeReport, observe
 from ray_megatron_env.cli import PROBLEM, format_check
-from ray_megatron_env.decision import Decision
-from ray_megatron_env.hook import TAKE_OVER_VARIABLE
-from ray_megatron_env.runtime_env import HOOK_PATH
+from ray_megatron_env.record import Decision
+from ray_megatron_env.names import DRIVER_HOOK_PATH as HOOK_PATH, TAKE_OVER_VARIABLE
 
 from conftest import NODE_SETS, UNREGISTERED
 from drivers import run_driver, seen_in

@@ -17,7 +17,7 @@ import json
 
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.check import observe_many
-from ray_megatron_env.worker import as_actor_env
+from ray_megatron_env.setup_hook import as_actor_env
 from workers import env_in_actors
 
 HOST, ARCHS = "NCCL_CUMEM_HOST_ENABLE", "TORCH_CUDA_ARCH_LIST"

@@ -47,7 +47,7 @@ def job_env(field, env_vars=None, **rest):
     (docs/how-it-works.md#two-paths)."""
     import json as _json
 
-    from ray_megatron_env.worker import PACK_VARIABLES
+    from ray_megatron_env.names import PACK_VARIABLES
 
     env_vars = dict(env_vars or {})
     marks = {f"RAY_MEGATRON_ENV_GIVEN_{name}": "1" for name in env_vars if name in PACK_VARIABLES}
@@ -55,4 +55,4 @@ def job_env(field, env_vars=None, **rest):
             "env_vars": {**env_vars, **marks,
                          "RAY_MEGATRON_ENV_FIELD": _json.dumps(field, separators=(",", ":"),
                                                                  sort_keys=True)},
-            "worker_process_setup_hook": "ray_megatron_env.worker.setup_hook", **rest}
+            "worker_process_setup_hook": "ray_megatron_env.setup_hook.setup_hook", **rest}

@@ -4,10 +4,10 @@ spelt as keywords."""
 
 from typing import Mapping, Optional
 
-from ray_megatron_env.decision import Decision, decide_node
-from ray_megatron_env.engines import CONNECTIONS_VARIABLE
-from ray_megatron_env.node import NodeGpus
-from ray_megatron_env.node import NodeFacts
+from ray_megatron_env.decision import decide_node
+from ray_megatron_env.record import Decision
+from ray_megatron_env.names import CONNECTIONS_VARIABLE
+from ray_megatron_env.node import NodeFacts, NodeGpus
 from ray_megatron_env.spec import Spec
 
 

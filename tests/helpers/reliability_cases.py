@@ -278,7 +278,7 @@ FAULTS: Tuple[Fault, ...] = (
           ("cluster/test_setup_hook_race.py::test_a_job_value_equal_to_the_nodes_own_stays_explicit_under_the_race",
            "cluster/test_setup_hook_race.py::test_an_actors_value_equal_to_the_nodes_own_over_the_jobs_is_explicit",
            "cluster/test_setup_hook_race.py::test_fresh_workers_without_the_delay_keep_the_jobs_config_and_value",
-           "unit/test_worker.py::test_the_setup_hook_asks_ray_nothing_it_fills_with_the_first_task")),
+           "unit/test_setup_hook.py::test_the_setup_hook_asks_ray_nothing_it_fills_with_the_first_task")),
     Fault("plugin registered but the package not installed on a node", "Ray's agent cannot "
           "import the class, the raylet exits and the node never joins; the agent's "
           "runtime_env_agent*.err names the missing module (Ray's behaviour, not the plugin's)",

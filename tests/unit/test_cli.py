@@ -13,8 +13,7 @@ import yaml
 from configs import FSDP_YAML, MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.cli import BAD_INPUT, OK, UNREACHABLE, main
-from ray_megatron_env.hook import TAKE_OVER_VARIABLE
-from ray_megatron_env.runtime_env import HOOK_PATH
+from ray_megatron_env.names import DRIVER_HOOK_PATH as HOOK_PATH, TAKE_OVER_VARIABLE
 
 PLUGIN = {"class": "ray_megatron_env.plugin.MegatronEnvPlugin"}
 
@@ -383,7 +382,7 @@ def test_check_names_the_exception_inside_rays_text():
     died = ActorDiedError(
         "The actor died unexpectedly before finishing this task.\n"
         "Worker exit detail: Failed to execute the setup hook method, "
-        "ray_megatron_env.worker.setup_hook from ...\nTraceback (most recent call last):\n"
+        "ray_megatron_env.setup_hook.setup_hook from ...\nTraceback (most recent call last):\n"
         '  File "x.py", line 1, in find_spec\n'
         "ModuleNotFoundError: No module named 'ray_megatron_env'\n\n"
         "The actor never ran - it was cancelled before it started running.")
@@ -400,7 +399,7 @@ def test_check_names_the_exception_inside_rays_text():
 def test_a_table_of_workers_classified_alike_leaves_the_classification_out():
     from ray_megatron_env.check import NodeReport
     from ray_megatron_env.cli import format_reports
-    from ray_megatron_env.decision import Decision
+    from ray_megatron_env.record import Decision
 
     def report(node, process, via):
         decision = Decision.from_dict({  # a record of version 1

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ray_megatron_env.decision import Decision
+from ray_megatron_env.record import Decision
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.engines import FSDP, MEGATRON
@@ -94,7 +94,7 @@ def test_json_has_no_dollar_sign_for_ray_to_expand():
 # precedence as docs/how-it-works.md#precedence states it, written out by hand.
 
 from ray_megatron_env.decision import settle  # noqa: E402
-from ray_megatron_env.packs import Outcome  # noqa: E402
+from ray_megatron_env.packs.pack import Outcome
 
 V = "SOME_VARIABLE"
 

@@ -24,14 +24,16 @@ import pytest
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent, check_runtime_env
 from ray_megatron_env.cache import ProbeCache
-from ray_megatron_env.decision import Decision, decide_node, settle
+from ray_megatron_env.decision import decide_node, settle
+from ray_megatron_env.record import Decision
 from ray_megatron_env.errors import EnvironmentVariableError, FieldTypeError, FieldValueError
 from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.hook import runtime_env_hook
-from ray_megatron_env.job_submission import JOB_CONFIG_VARIABLE, driver_environment
+from ray_megatron_env.job_submission import driver_environment
+from ray_megatron_env.names import JOB_CONFIG_VARIABLE
 from ray_megatron_env.node import NodeFacts, NodeGpus, parse_fake_node
-from ray_megatron_env.packs import REMOVE, Outcome
-from ray_megatron_env.worker import decide_in_worker
+from ray_megatron_env.packs.pack import REMOVE, Outcome
+from ray_megatron_env.setup_hook import decide_in_worker
 from paths import FIXTURES
 
 # NeMo-RL's examples/configs/grpo_math_1B_megatron.yaml (Megatron TP=2 policy, vLLM)
@@ -131,7 +133,7 @@ def test_a_driver_nested_in_a_worker_lists_no_copy(monkeypatch):
     # explicit) or the decision wrote, never a driver host's copy: a driver
     # started there (vLLM's Ray executor; the setup hook marks the worker)
     # passes the worker's runtime env, and those values stay what they were.
-    from ray_megatron_env.worker import hook_nested_drivers
+    from ray_megatron_env.setup_hook import hook_nested_drivers
 
     for name in (JOB_CONFIG_VARIABLE, "RAY_MEGATRON_ENV_EXPLICIT", "RAY_MEGATRON_ENV_TAKE_OVER",
                  "RAY_MEGATRON_ENV_NEXT_HOOK", "RAY_RUNTIME_ENV_HOOK"):

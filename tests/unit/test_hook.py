@@ -8,9 +8,9 @@ from omegaconf import OmegaConf
 
 from configs import MEGATRON_YAML, job_env, plain, verl
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.errors import FieldValueError
-from ray_megatron_env.errors import EnvironmentVariableError
-from ray_megatron_env.hook import NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE, runtime_env_hook
+from ray_megatron_env.errors import EnvironmentVariableError, FieldValueError
+from ray_megatron_env.hook import runtime_env_hook
+from ray_megatron_env.names import NEXT_DRIVER_HOOK_VARIABLE as NEXT_HOOK_VARIABLE, TAKE_OVER_VARIABLE
 
 COMPACT = build_runtime_env(MEGATRON_YAML)["megatron_env"]
 HARD_CODED = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_DEBUG": "WARN"}

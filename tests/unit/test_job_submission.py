@@ -15,12 +15,12 @@ from ray.runtime_env.runtime_env import _merge_runtime_env
 from configs import MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.hook import runtime_env_hook
-from ray_megatron_env.job_submission import (
-    JOB_CONFIG_VARIABLE, MERGE_VARIABLE, complete_submitted_env, job_submission_env,
+from ray_megatron_env.job_submission import complete_submitted_env, job_submission_env
+from ray_megatron_env.names import (
+    JOB_CONFIG_VARIABLE, MERGE_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE,
+    SETUP_HOOK_PATH,
 )
-from ray_megatron_env.worker import (
-    NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH, is_chained,
-)
+from ray_megatron_env.setup_hook import is_chained
 
 
 def submitted(env_vars=None, framework="verl"):
@@ -146,7 +146,7 @@ def test_outside_a_submitted_job_nothing_is_completed(monkeypatch):
 # wrote its setup-hook variable into env_vars. Ray 2.41 to 2.54 assert on it
 # beside the field (setup_hook.export_setup_func_module); 2.55 and later
 # check that the two agree. tests/cluster/test_fallback.py runs it live.
-HOOK = "ray_megatron_env.worker.setup_hook"
+HOOK = "ray_megatron_env.setup_hook.setup_hook"
 NESTED_JOB_ENVS = {
     "build_runtime_env": lambda: build_runtime_env(MEGATRON_YAML),
     "build_runtime_env, a user's hook": lambda: build_runtime_env(
@@ -164,7 +164,7 @@ def test_a_driver_nested_in_a_worker_passes_rays_upload(monkeypatch, source):
     from ray._private.runtime_env.setup_hook import upload_worker_process_setup_hook_if_needed
     from ray.runtime_env import RuntimeEnv
 
-    from ray_megatron_env.worker import hook_nested_drivers
+    from ray_megatron_env.setup_hook import hook_nested_drivers
 
     job = json.loads(json.dumps(NESTED_JOB_ENVS[source]()))
     # What the job's driver uploads, and what a worker then reads back.
@@ -190,16 +190,13 @@ def test_a_driver_nested_in_a_worker_passes_rays_upload(monkeypatch, source):
 def test_a_workers_own_driver_hook_runs_after_ours():
     from ray._private import ray_constants
 
-    from ray_megatron_env import worker
-    from ray_megatron_env.hook import NEXT_HOOK_VARIABLE
-    from ray_megatron_env.runtime_env import HOOK_PATH
+    from ray_megatron_env import names
+    from ray_megatron_env.setup_hook import hook_nested_drivers
 
-    assert (worker.DRIVER_HOOK_VARIABLE, worker.DRIVER_HOOK_PATH,
-            worker.NEXT_DRIVER_HOOK_VARIABLE) == (ray_constants.RAY_RUNTIME_ENV_HOOK, HOOK_PATH,
-                                                  NEXT_HOOK_VARIABLE)
+    assert names.DRIVER_HOOK_VARIABLE == ray_constants.RAY_RUNTIME_ENV_HOOK
     environ = {"RAY_RUNTIME_ENV_HOOK": "my.hook"}
-    worker.hook_nested_drivers(environ)
-    worker.hook_nested_drivers(environ)
+    hook_nested_drivers(environ)
+    hook_nested_drivers(environ)
     assert {k: environ[k] for k in ("RAY_RUNTIME_ENV_HOOK", "RAY_MEGATRON_ENV_NEXT_HOOK")} == {
         "RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
         "RAY_MEGATRON_ENV_NEXT_HOOK": "my.hook"}
@@ -211,7 +208,7 @@ def test_under_uv_run_on_ray_2_47_to_2_54_the_driver_hook_runs_rays_uv_hook_firs
     uv = pytest.importorskip("ray._private.runtime_env.uv_runtime_env_hook")
     from ray._private.runtime_env import setup_hook
 
-    from ray_megatron_env.worker import hook_nested_drivers
+    from ray_megatron_env.setup_hook import hook_nested_drivers
 
     monkeypatch.delattr(setup_hook, "_check_setup_hook_consistency", raising=False)
     monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: ["uv", "run", "--python", "3.11",

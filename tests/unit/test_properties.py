@@ -7,19 +7,16 @@ type; the driver and the agent agree; the agent writes two variables only.
 import json
 import logging
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
-from ray_megatron_env.decision import DECISION_VARIABLE
+from ray_megatron_env.names import CONNECTIONS_VARIABLE, DECISION_VARIABLE
 from ray_megatron_env.errors import MegatronEnvError
 from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
-from ray_megatron_env.engines import (
-    CONNECTIONS_VARIABLE, CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES,
-)
+from ray_megatron_env.engines import CUDA_RANGE, ENGINE_KINDS, KNOWN_STRATEGIES
 
 from deciding import decided as decide
 

@@ -337,7 +337,7 @@ def test_a_submitted_job_under_uv_run_and_without(monkeypatch, under_uv_run, cap
     from ray.runtime_env.runtime_env import _merge_runtime_env
 
     from ray_megatron_env.hook import runtime_env_hook
-    from ray_megatron_env.job_submission import JOB_CONFIG_VARIABLE
+    from ray_megatron_env.names import JOB_CONFIG_VARIABLE
     from ray_megatron_env.job_submission import job_submission_env
 
     job, _ = job_submission_env(build_runtime_env(args_of("run_megatron.txt")), "skyrl")

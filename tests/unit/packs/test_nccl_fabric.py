@@ -14,14 +14,12 @@ from configs import MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.cli import OK, PROBLEM, main
-from ray_megatron_env.decision import DECISION_VARIABLE, decide_node
-from ray_megatron_env.engines import CONNECTIONS_VARIABLE
+from ray_megatron_env.decision import decide_node
+from ray_megatron_env.names import CONNECTIONS_VARIABLE, DECISION_VARIABLE, PACK_NAMES
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
 from ray_megatron_env.frameworks import parse_field
-from ray_megatron_env.node import NodeGpus
-from ray_megatron_env.node import NodeFacts, parse_fake_node
-from ray_megatron_env.packs import PACK_NAMES
+from ray_megatron_env.node import NodeFacts, NodeGpus, parse_fake_node
 from ray_megatron_env.spec import read_packs
 from ray_megatron_env.cache import ProbeCache
 

@@ -21,14 +21,12 @@ from configs import MEGATRON_YAML
 from fake_nvml import FakeNvml
 from ray_megatron_env.check import NodeReport, _advice
 from ray_megatron_env.cli import OK, PROBLEM, format_check, main
-from ray_megatron_env.decision import Decision
+from ray_megatron_env.record import Decision
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
-from ray_megatron_env.node import (
-    FAKE_NODE_VARIABLE, FakeNodeError, NodeFabric, parse_driver, parse_fake_node,
-)
-from ray_megatron_env.probe import probe_p2p
-from ray_megatron_env.probe import FAKE_VARIABLE
+from ray_megatron_env.node import FakeNodeError, NodeFabric, parse_driver, parse_fake_node
+from ray_megatron_env.names import FAKE_NODE_VARIABLE
+from ray_megatron_env.probe import FAKE_VARIABLE, probe_p2p
 
 HOST, P2P_OFF, SHM_OFF = "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"
 ARCHS = "TORCH_CUDA_ARCH_LIST"

@@ -25,7 +25,7 @@ import pytest
 from ray_megatron_env.cli import OK, main
 from ray_megatron_env.explanation import explain_node
 from ray_megatron_env.node import FakeNodeError, parse_fake_node
-from ray_megatron_env.packs import canonical
+from ray_megatron_env.packs.pack import canonical
 from ray_megatron_env.probe import probe_p2p
 
 from configs import MEGATRON_YAML
@@ -258,7 +258,8 @@ def test_p2p_disable_on_a_fabric_node_warns_that_mnnvl_is_off(node, job, warns):
 
 def test_the_kernel_driver_survives_the_node_cache_and_checks_probe_json(tmp_path):
     from ray_megatron_env.cache import NodeCache
-    from ray_megatron_env.node import P2P, facts_from_record
+    from ray_megatron_env.node import facts_from_record
+    from ray_megatron_env.names import P2P
 
     facts = parse_fake_node(_node("13.0", "570.172.08")).p2p
     cache = NodeCache(str(tmp_path), "node1")

@@ -10,13 +10,15 @@ import threading
 import pynvml
 import pytest
 
-from ray_megatron_env.probe import listings
-from ray_megatron_env.probe import imex_channel, parse_smi_fabric, probe_fabric
-from ray_megatron_env.node import (
-    ABSENT, COMPLETED, FAKE_NODE_VARIABLE, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED,
-    UNWRITABLE, WRITABLE, parse_fake_node,
+from ray_megatron_env.probe import (
+    FAKE_VARIABLE, ROOT_VARIABLE, imex_channel, listings, parse_smi_fabric, probe_fabric,
+    probe_gpus,
 )
-from ray_megatron_env.probe import FAKE_VARIABLE, ROOT_VARIABLE, probe_gpus
+from ray_megatron_env.node import (
+    ABSENT, COMPLETED, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED, parse_fake_node, UNWRITABLE,
+    WRITABLE,
+)
+from ray_megatron_env.names import FAKE_NODE_VARIABLE
 from fake_nvml import FakeNvml
 from paths import FIXTURES
 
@@ -334,7 +336,7 @@ def test_without_nvidia_ml_py_the_fabric_is_read_through_rays_bundled_binding(mo
 def test_an_ascend_node_is_the_same_node_in_every_text_form():
     # One reader of the GPU list: every vendor name is accepted wherever a
     # GPU list is (issue 21: "npu" failed in the fake node and in --node).
-    from ray_megatron_env.node import FAKE_NODE_VARIABLE as NODE
+    from ray_megatron_env.names import FAKE_NODE_VARIABLE as NODE
 
     for text in ({NODE: '{"gpus": "npu"}'}, {FAKE_VARIABLE: "npu"}, {NODE: '{"gpus": "ascend"}'}):
         gpus = probe_gpus(text)

@@ -1,16 +1,23 @@
-"""Inside a worker: the decision it got, and the fallback that makes it there.
+"""Ray's ``worker_process_setup_hook``, both ends: the job env that carries
+it (the driver end), and the decision it makes inside each Python worker
+where the plugin is not registered (the worker end).
 
-``read_decision`` reads back what a worker got, whichever path decided.
+Driver end: ``add_setup_hook`` (called by ``build_runtime_env``) puts the
+hook in the job's env, chained in front of a hook the job already had, with
+the field in ``env_vars`` (RAY_MEGATRON_ENV_FIELD) and a mark beside each
+pack variable the env sets (``mark_given``); ``as_actor_env`` carries the
+same to one actor.
 
-``setup_hook`` is the fallback for nodes where the plugin is not registered
-(docs/how-it-works.md#two-paths). ``build_runtime_env`` puts it in the job's
-runtime env as Ray's ``worker_process_setup_hook``, which Ray runs in every
-worker process of the job on its own node, before the worker takes its first
-task, so before anything in it can create a CUDA context. There it makes the
-same decision the agent would: the same field, readers, rules and precedence,
-from the node's own GPUs and environment (never the worker's
-``CUDA_VISIBLE_DEVICES``, which Ray rewrites per task), and writes the same
-record with ``via: setup-hook``. Where the plugin ran, it does nothing.
+Worker end: Ray runs ``setup_hook`` in every worker process of the job on
+its own node, before the worker runs its first task, so before anything in
+it can create a CUDA context. There it makes the decision the agent would:
+the same field, readers, rules and precedence, from the node's own GPUs and
+environment (never the worker's ``CUDA_VISIBLE_DEVICES``, which Ray
+rewrites per task), and writes the same record with ``via: setup-hook``.
+Where the plugin ran, it does nothing. It reads only the worker's own
+environment and what Ray fixed when it started the process: a worker's job
+config arrives with its first task, maybe after the hook, and Ray keeps the
+first answer for good (docs/design.md).
 
 Only the standard library, Ray and this package's pure modules load here, so
 a node needs nothing beyond Ray and this package (which can travel with the
@@ -26,46 +33,107 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, MutableMapping, Optional
 
+from .names import (
+    DECISION_VARIABLE, DRIVER_HOOK_PATH, DRIVER_HOOK_VARIABLE, EXPORTED_FUNCTION, FIELD,
+    FIELD_VARIABLE, GIVEN_PREFIX, NESTED_VARIABLE, NEXT_DRIVER_HOOK_VARIABLE,
+    NEXT_SETUP_HOOK_VARIABLE, PACK_VARIABLES, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_FIELD,
+    SETUP_HOOK_PATH, UV_HOOK_VARIABLE, UV_SWITCH_VARIABLE,
+)
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .decision import Decision
+    from .record import Decision
 
-# decision.DECISION_VARIABLE (a test keeps them equal): named here so that a
-# worker where the plugin already decided returns without importing the
-# package's core, which every worker of a job env pays for otherwise.
-DECISION_VARIABLE = "RAY_MEGATRON_ENV_DECISION"
-SETUP_HOOK_PATH = "ray_megatron_env.worker.setup_hook"
-# The field for one worker, in its env_vars: a per-role env replaces the
-# job's here (Ray merges env_vars key by key), so the hook sees the field of
-# the worker's own runtime env; Ray gives a setup hook no other view of it.
-FIELD_VARIABLE = "RAY_MEGATRON_ENV_FIELD"
-# Setup hooks the job had besides ours, run after ours, in order
-# ('module.function', comma-separated: the submitted env's own, then one a
-# job's driver passed to ray.init; see job_submission.complete_submitted_env).
-NEXT_SETUP_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_SETUP_HOOK"
-# Ray's own carrier of a setup hook to a worker (ray_constants
-# WORKER_PROCESS_SETUP_HOOK_ENV_VAR, the same name from Ray 2.41 to 2.60):
-# set directly, it runs the hook in workers of an actor-level env too.
-RAY_SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 LOG_NAME = "megatron_env_setup_hook"
-# Ray's driver hook (ray_constants.RAY_RUNTIME_ENV_HOOK, read by ray.init),
-# this package's (runtime_env.HOOK_PATH) and the one it runs next
-# (hook.next_hook reads it).
-DRIVER_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"
-DRIVER_HOOK_PATH = "ray_megatron_env.hook.runtime_env_hook"
-NEXT_DRIVER_HOOK_VARIABLE = "RAY_MEGATRON_ENV_NEXT_HOOK"
-# Ray's switch for its uv hook (ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV),
-# and ours saying that the driver hook runs Ray's uv hook in its place.
-UV_SWITCH_VARIABLE = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
-UV_HOOK_VARIABLE = "RAY_MEGATRON_ENV_UV_HOOK"
-# Set in every worker for the drivers it starts: their environment is this
-# worker's, whose values the decision wrote or the job set, never a copy of
-# a driver host's (runtime_env.driver_copies), so the driver hook lists none.
-NESTED_VARIABLE = "RAY_MEGATRON_ENV_NESTED_DRIVER"
 
 
-# What Ray writes into its own setup-hook variable for a callable hook
-# (setup_hook.RUNTIME_ENV_FUNC_IDENTIFIER): a key into one job's exports.
-EXPORTED_FUNCTION = "ray_runtime_env_func::"
+# --- the driver end: the env that carries the hook -------------------------------------
+
+def add_setup_hook(env: Dict[str, Any]) -> None:
+    """The worker-side fallback: the field in env_vars for the
+    hook to read, and Ray's setup hook chained in front of one the base
+    already had. Ray runs the hook only from the job's env (ray.init); in an
+    actor's or task's env it ignores it, and the job env's hook, which
+    reaches those workers through env_vars, reads their own field."""
+    from .values import fail_type
+
+    env_vars = env.get("env_vars")
+    if env_vars is None:
+        env_vars = env["env_vars"] = {}
+    elif not isinstance(env_vars, dict):
+        raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
+    env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
+    mark_given(env_vars)
+    theirs = env.get(SETUP_HOOK_FIELD)
+    if theirs is None or theirs == SETUP_HOOK_PATH:
+        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
+    elif isinstance(theirs, str):
+        # After any hook already chained (a submitted env's own, when a
+        # job's driver brings another: job_submission.complete_submitted_env).
+        hooks = next_setup_hooks(env_vars)
+        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join(
+            hooks if theirs in hooks else [*hooks, theirs])
+        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
+    elif callable(theirs):
+        env[SETUP_HOOK_FIELD] = chained(theirs)
+    else:
+        raise fail_type(f"base.{SETUP_HOOK_FIELD}", "a 'module.function' string or a function",
+                        theirs)
+
+
+def mark_given(env_vars: Dict[str, Any]) -> None:
+    """Mark, in place, each pack variable ``env_vars`` sets, and drop marks
+    of those it no longer sets (a value taken over)."""
+    for key in [k for k in env_vars if k.startswith(GIVEN_PREFIX)]:
+        del env_vars[key]
+    for name in PACK_VARIABLES:
+        if name in env_vars:
+            env_vars[GIVEN_PREFIX + name] = "1"
+
+
+def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
+    """An env from ``build_runtime_env`` (a job's, or a role's that a job env
+    would sit under) made to work as one actor's env, as if that actor ran in
+    a job whose ray.init env came from ``build_runtime_env``: Ray honours
+    ``worker_process_setup_hook`` only in the job's env, so the hook goes
+    where Ray itself carries it to a worker (an env var). For actors that
+    preflight a node (``check``, the demo)."""
+    out = dict(env)
+    hook = out.pop("worker_process_setup_hook", None)
+    env_vars = out.get("env_vars") or {}
+    if FIELD_VARIABLE not in env_vars:
+        return dict(env)  # not from build_runtime_env: as it is
+    if hook not in (None, SETUP_HOOK_PATH):
+        raise ValueError("as_actor_env takes an env whose setup hook is this package's own")
+    out["env_vars"] = {**env_vars, RAY_SETUP_HOOK_VARIABLE: SETUP_HOOK_PATH}
+    mark_given(out["env_vars"])
+    return out
+
+
+CHAINED_PREFIX = "megatron_env_then_"
+
+
+def chained(then: Callable[[], Any]) -> Callable[[], None]:
+    """A setup hook that runs ours, then ``then`` (a user's callable hook).
+    Its name says so (Ray records a callable hook by its ``__name__``)."""
+    if is_chained(then):
+        return then  # already ours first
+
+    def megatron_env_setup_hook() -> None:
+        setup_hook(then)
+
+    megatron_env_setup_hook.__name__ = f"{CHAINED_PREFIX}{getattr(then, '__name__', 'hook')}"
+    return megatron_env_setup_hook
+
+
+def is_chained(hook: Any) -> bool:
+    """A callable made by ``chained``: it runs this package's hook first."""
+    return callable(hook) and getattr(hook, "__name__", "").startswith(CHAINED_PREFIX)
+
+
+def next_setup_hooks(environ: Mapping[str, str]) -> list:
+    """The hooks named in RAY_MEGATRON_ENV_NEXT_SETUP_HOOK, in order."""
+    text = environ.get(NEXT_SETUP_HOOK_VARIABLE, "")
+    return [path.strip() for path in text.split(",") if path.strip()]
 
 
 def take_inherited_setup_hook(env_vars: Dict[str, str]) -> None:
@@ -98,15 +166,7 @@ def take_inherited_setup_hook(env_vars: Dict[str, str]) -> None:
         env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join([inherited, *hooks])
 
 
-def read_decision(environ: Optional[Mapping[str, str]] = None) -> Optional["Decision"]:
-    """The decision made for this worker's node (by the plugin or by the
-    setup hook: ``.via`` says which), or ``None`` when the worker was started
-    without the ``megatron_env`` field or on a node where neither ran."""
-    from .decision import Decision
-
-    text = (os.environ if environ is None else environ).get(DECISION_VARIABLE)
-    return Decision.from_json(text) if text else None
-
+# --- the worker end: the decision in each worker ----------------------------------------
 
 def setup_hook(then: Optional[Callable[[], Any]] = None) -> None:
     """Ray's ``worker_process_setup_hook``: decide here unless the plugin did,
@@ -147,64 +207,11 @@ def hook_nested_drivers(environ: MutableMapping[str, str]) -> None:
     if current:
         environ[NEXT_DRIVER_HOOK_VARIABLE] = current
     environ[DRIVER_HOOK_VARIABLE] = DRIVER_HOOK_PATH
+    from .uv_hook import uv_hook_replaces_driver_hook
+
     if uv_hook_replaces_driver_hook():
         environ[UV_SWITCH_VARIABLE] = "0"
         environ[UV_HOOK_VARIABLE] = "1"
-
-
-def uv_hook_replaces_driver_hook() -> bool:
-    """Ray 2.47 to 2.54: a driver with a ``uv run`` ancestor (a worker of a
-    job run under ``uv run`` has one) gets Ray's uv hook instead of
-    ``RAY_RUNTIME_ENV_HOOK`` (``ray/_private/worker.py``,
-    ``_maybe_modify_runtime_env``), and these releases still assert on the
-    setup hook's variable (2.55 checks it instead:
-    ``setup_hook._check_setup_hook_consistency``). There Ray's switch goes
-    off for processes this worker starts, and the driver hook runs Ray's uv
-    hook itself, first (``hook.runtime_env_hook``)."""
-    try:
-        from ray._private import ray_constants
-        from ray._private.runtime_env import setup_hook
-
-        if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False) \
-                or hasattr(setup_hook, "_check_setup_hook_consistency"):
-            return False
-        from ray._private.runtime_env import uv_runtime_env_hook  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-# Every variable a pack reads from a worker's or a node's environment (the
-# union of packs.*.variables; a test keeps them equal). With the field and
-# its process variables, they are all a decision reads besides the node's
-# facts, so they key a decision made on the node once for all its workers.
-PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE",
-                  "NCCL_NVLS_ENABLE", "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE",
-                  "NCCL_SHM_DISABLE", "TORCH_CUDA_ARCH_LIST")
-# The kinds of node facts besides the GPUs each optional pack reads
-# (packs.*.fact_kinds; a test keeps them equal): what a cached decision's key
-# takes from the node's cache, without importing the core.
-PACK_FACT_KINDS = {"nccl-fabric": ("fabric",), "nccl-host-mem": ("p2p",), "torch-arch": ()}
-
-# Where a pack variable's value came from, carried beside it: an env this
-# package builds marks each pack variable its env_vars set (GIVEN_PREFIX +
-# name). Ray merges env_vars key by key (job, then actor or parent task,
-# then task), so the mark reaches every worker the value reaches, and stays
-# where a later level changes the value. With it the setup hook tells a
-# runtime env's value from the node's own even where the two are equal,
-# without asking Ray for the job's env (docs/design.md: that arrives with
-# the first task, maybe after the hook, and Ray caches it for good).
-GIVEN_PREFIX = "RAY_MEGATRON_ENV_GIVEN_"
-
-
-def mark_given(env_vars: Dict[str, Any]) -> None:
-    """Mark, in place, each pack variable ``env_vars`` sets, and drop marks
-    of those it no longer sets (a value taken over)."""
-    for key in [k for k in env_vars if k.startswith(GIVEN_PREFIX)]:
-        del env_vars[key]
-    for name in PACK_VARIABLES:
-        if name in env_vars:
-            env_vars[GIVEN_PREFIX + name] = "1"
 
 
 def given_names(environ: Mapping[str, str], node_environ: Mapping[str, str]) -> set:
@@ -213,6 +220,12 @@ def given_names(environ: Mapping[str, str], node_environ: Mapping[str, str]) -> 
     return {name for name in PACK_VARIABLES
             if (mark := environ.get(GIVEN_PREFIX + name)) is not None
             and node_environ.get(GIVEN_PREFIX + name) != mark}
+
+
+def plugin_decided(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]]) -> bool:
+    """The worker has a decision the node did not give it: the plugin's."""
+    value = environ.get(DECISION_VARIABLE)
+    return bool(value) and (node_environ is None or node_environ.get(DECISION_VARIABLE) != value)
 
 
 def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
@@ -247,8 +260,6 @@ def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mappin
 
 def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]],
                   cache: Any) -> Optional[str]:
-    import hashlib
-
     if cache is None or node_environ is None:
         return None
     text = _own_field_text(environ, node_environ)
@@ -256,20 +267,9 @@ def _decision_key(environ: Mapping[str, str], node_environ: Optional[Mapping[str
         return None
     try:
         field = json.loads(text)
-        processes = [rule["variable"] for rule in field.get("processes", ())]
-    except (ValueError, AttributeError, TypeError, KeyError):
+    except ValueError:
         return None  # the full path says what is wrong with it
-    packs = field.get("packs") or ()
-    kinds = sorted({kind for name in ([packs] if isinstance(packs, str) else packs)
-                    for kind in PACK_FACT_KINDS.get(name, ())})
-    facts = cache.stamp(("gpus", *kinds))
-    if facts is None:
-        return None
-    names = sorted(set(PACK_VARIABLES) | set(processes))
-    material = json.dumps([field, [environ.get(n) for n in names],
-                           [node_environ.get(n) for n in names],
-                           sorted(given_names(environ, node_environ)), facts], sort_keys=True)
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
+    return cache.decision_key(field, environ, node_environ, given_names(environ, node_environ))
 
 
 def _own_field_text(environ: Mapping[str, str],
@@ -278,94 +278,6 @@ def _own_field_text(environ: Mapping[str, str],
     if text and node_environ is not None and node_environ.get(FIELD_VARIABLE) == text:
         return None  # the node's own, not this worker's runtime env
     return text
-
-
-def plugin_decided(environ: Mapping[str, str], node_environ: Optional[Mapping[str, str]]) -> bool:
-    """The worker has a decision the node did not give it: the plugin's."""
-    value = environ.get(DECISION_VARIABLE)
-    return bool(value) and (node_environ is None or node_environ.get(DECISION_VARIABLE) != value)
-
-
-CHAINED_PREFIX = "megatron_env_then_"
-
-
-def chained(then: Callable[[], Any]) -> Callable[[], None]:
-    """A setup hook that runs ours, then ``then`` (a user's callable hook).
-    Its name says so (Ray records a callable hook by its ``__name__``)."""
-    if is_chained(then):
-        return then  # already ours first
-
-    def megatron_env_setup_hook() -> None:
-        setup_hook(then)
-
-    megatron_env_setup_hook.__name__ = f"{CHAINED_PREFIX}{getattr(then, '__name__', 'hook')}"
-    return megatron_env_setup_hook
-
-
-def is_chained(hook: Any) -> bool:
-    """A callable made by ``chained``: it runs this package's hook first."""
-    return callable(hook) and getattr(hook, "__name__", "").startswith(CHAINED_PREFIX)
-
-
-def next_setup_hooks(environ: Mapping[str, str]) -> list:
-    """The hooks named in RAY_MEGATRON_ENV_NEXT_SETUP_HOOK, in order."""
-    text = environ.get(NEXT_SETUP_HOOK_VARIABLE, "")
-    return [path.strip() for path in text.split(",") if path.strip()]
-
-
-# The runtime env field Ray runs a setup hook from (the job's env only).
-SETUP_HOOK_FIELD = "worker_process_setup_hook"
-
-
-def add_setup_hook(env: Dict[str, Any]) -> None:
-    """The worker-side fallback (worker.py): the field in env_vars for the
-    hook to read, and Ray's setup hook chained in front of one the base
-    already had. Ray runs the hook only from the job's env (ray.init); in an
-    actor's or task's env it ignores it, and the job env's hook, which
-    reaches those workers through env_vars, reads their own field."""
-    from .values import FIELD, fail_type
-
-    env_vars = env.get("env_vars")
-    if env_vars is None:
-        env_vars = env["env_vars"] = {}
-    elif not isinstance(env_vars, dict):
-        raise fail_type("base.env_vars", "a mapping of names to strings", env_vars)
-    env_vars[FIELD_VARIABLE] = json.dumps(env[FIELD], separators=(",", ":"), sort_keys=True)
-    mark_given(env_vars)
-    theirs = env.get(SETUP_HOOK_FIELD)
-    if theirs is None or theirs == SETUP_HOOK_PATH:
-        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
-    elif isinstance(theirs, str):
-        # After any hook already chained (a submitted env's own, when a
-        # job's driver brings another: job_submission.complete_submitted_env).
-        hooks = next_setup_hooks(env_vars)
-        env_vars[NEXT_SETUP_HOOK_VARIABLE] = ",".join(
-            hooks if theirs in hooks else [*hooks, theirs])
-        env[SETUP_HOOK_FIELD] = SETUP_HOOK_PATH
-    elif callable(theirs):
-        env[SETUP_HOOK_FIELD] = chained(theirs)
-    else:
-        raise fail_type(f"base.{SETUP_HOOK_FIELD}", "a 'module.function' string or a function",
-                        theirs)
-
-
-def as_actor_env(env: Mapping[str, Any]) -> Dict[str, Any]:
-    """An env from ``build_runtime_env`` (a job's, or a role's that a job env
-    would sit under) made to work as one actor's env, as if that actor ran in
-    a job whose ray.init env came from ``build_runtime_env``: Ray honours
-    ``worker_process_setup_hook`` only in the job's env, so the hook goes
-    where Ray itself carries it to a worker (an env var). For actors that
-    preflight a node (``check``, the demo)."""
-    out = dict(env)
-    hook = out.pop("worker_process_setup_hook", None)
-    env_vars = out.get("env_vars") or {}
-    if FIELD_VARIABLE not in env_vars:
-        return dict(env)  # not from build_runtime_env: as it is
-    if hook not in (None, SETUP_HOOK_PATH):
-        raise ValueError("as_actor_env takes an env whose setup hook is this package's own")
-    out["env_vars"] = {**env_vars, RAY_SETUP_HOOK_VARIABLE: SETUP_HOOK_PATH}
-    mark_given(out["env_vars"])
-    return out
 
 
 def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
@@ -385,10 +297,12 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     """
     if plugin_decided(environ, node_environ):
         return None
-    from .decision import VIA_SETUP_HOOK, decide_node
+    from .decision import decide_node
+    from .record import VIA_SETUP_HOOK
     from .errors import FieldValueError
     from .frameworks import parse_field
-    from .node import FABRIC, P2P, NodeFacts
+    from .node import NodeFacts
+    from .names import FABRIC, P2P
     from .packs import fact_kinds
     from .probe import probe_fabric, probe_gpus, probe_p2p
 

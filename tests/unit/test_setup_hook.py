@@ -14,13 +14,14 @@ from cache_race import probe_in_process
 from configs import FSDP_YAML, verl
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.node import NodeGpus
-from ray_megatron_env.runtime_env import HOOK_PATH, driver_hook_skipped
+from ray_megatron_env.names import (
+    DRIVER_HOOK_PATH as HOOK_PATH, FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE,
+    RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH,
+)
+from ray_megatron_env.uv_hook import driver_hook_skipped
 from ray_megatron_env.job_submission import job_submission_env
 from ray_megatron_env.cache import NodeCache
-from ray_megatron_env.worker import (
-    FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH,
-    as_actor_env, chained, decide_in_worker, node_environment,
-)
+from ray_megatron_env.setup_hook import as_actor_env, chained, decide_in_worker, node_environment
 
 LOG = logging.getLogger("test_worker_fallback")
 MEGATRON_TP2 = {"version": 2, "engines": {"actor": {"strategy": "megatron",
@@ -209,12 +210,6 @@ def test_an_unreadable_node_environment_keeps_what_the_worker_has():
     assert (decision.value, decision.source) == ("1", "explicit")
 
 
-def test_the_worker_names_the_decision_variable_as_the_core_does():
-    from ray_megatron_env import decision, worker
-
-    assert worker.DECISION_VARIABLE == decision.DECISION_VARIABLE
-
-
 def test_a_field_variable_that_is_not_json_names_the_variable():
     node_env = node("9.0")
     with pytest.raises(ValueError, match="RAY_MEGATRON_ENV_FIELD is not JSON"):
@@ -306,7 +301,7 @@ def test_a_users_callable_hook_is_wrapped():
 
 def test_chained_runs_ours_then_theirs(monkeypatch):
     order = []
-    monkeypatch.setattr("ray_megatron_env.worker.decide_in_worker",
+    monkeypatch.setattr("ray_megatron_env.setup_hook.decide_in_worker",
                         lambda *a, **k: order.append("ours"))
     chained(lambda: order.append("theirs"))()
     assert order == ["ours", "theirs"]
@@ -422,8 +417,8 @@ def test_without_packs_the_fallback_reads_no_fabric():
 
 
 def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkeypatch):
-    from ray_megatron_env import worker as worker_module
-    from ray_megatron_env.worker import decide_here
+    from ray_megatron_env import setup_hook as worker_module
+    from ray_megatron_env.setup_hook import decide_here
 
     cache = NodeCache(str(tmp_path), "node-1")
     node_env = node("9.0", CUDA_DEVICE_MAX_CONNECTIONS="4")
@@ -450,18 +445,6 @@ def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkey
     with pytest.raises(AssertionError, match="the core ran again"):
         decide_here(worker(node_env, RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS="1",
                            **tp2), node_env, cache, lambda: LOG)
-
-
-def test_the_workers_lists_of_names_match_the_cores():
-    from ray_megatron_env import cache, node
-    from ray_megatron_env.packs import PACK_NAMES, get_pack
-    from ray_megatron_env.packs import ALWAYS_ON
-    from ray_megatron_env.worker import PACK_FACT_KINDS, PACK_VARIABLES
-
-    assert set(PACK_VARIABLES) == {v for name in PACK_NAMES for v in get_pack(name).variables}
-    assert PACK_FACT_KINDS == {name: get_pack(name).fact_kinds for name in PACK_NAMES
-                               if name not in ALWAYS_ON}
-    assert {node.GPUS, *node.FACT_KINDS} == set(cache.KNOWN_KEYS)
 
 
 class RayWorkerStandIn:
@@ -494,7 +477,7 @@ def test_the_setup_hook_asks_ray_nothing_it_fills_with_the_first_task(tmp_path, 
     import types
 
     import ray
-    from ray_megatron_env import worker as worker_module
+    from ray_megatron_env import setup_hook as worker_module
 
     seen = []
     folder = types.SimpleNamespace(get_session_dir_path=lambda: str(tmp_path),
