@@ -25,6 +25,9 @@ from ray_megatron_env.simulation import (
     ray_processes,
 )
 
+# --must-run PATH: .ci/run's way to fail a framework-package test that skips.
+pytest_plugins = ["must_run"]
+
 FAKES = Path(__file__).parent / "tests" / "fakes"
 # A node where the package is not installed (tests/fakes/not_installed).
 NOT_INSTALLED = {"PYTHONPATH": str(FAKES / "not_installed"),

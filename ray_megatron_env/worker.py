@@ -167,7 +167,7 @@ def uv_hook_replaces_driver_hook() -> bool:
         if not getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False) \
                 or hasattr(setup_hook, "_check_setup_hook_consistency"):
             return False
-        from ray._private.runtime_env import uv_runtime_env_hook  # noqa: F401
+        importlib.import_module("ray._private.runtime_env.uv_runtime_env_hook")
     except Exception:
         return False
     return True

@@ -37,11 +37,16 @@ from typing import FrozenSet, Iterable, Tuple
 from ..errors import FieldValueError
 from ..values import FIELD, show
 # The shape, re-exported: code outside the package takes it from ``packs``.
-from .pack import (  # noqa: F401
+from .pack import (
     ACTIONS, ALWAYS_ON, CUDA_CONNECTIONS, KEEP, LEAVE, NCCL_FABRIC, NCCL_HOST_MEM, NONE,
     OPTIONAL_PACKS, PACK_NAMES, PREFERRED, REMOVE, REQUIRED, SET, TORCH_ARCH, Demand, Evaluate,
     Outcome, Pack, PackRow, PackVerdict, canonical,
 )
+
+__all__ = ["ACTIONS", "ALWAYS_ON", "CUDA_CONNECTIONS", "KEEP", "LEAVE", "NCCL_FABRIC",
+           "NCCL_HOST_MEM", "NONE", "OPTIONAL_PACKS", "PACK_NAMES", "PREFERRED", "REMOVE",
+           "REQUIRED", "SET", "TORCH_ARCH", "Demand", "Evaluate", "Outcome", "Pack", "PackRow",
+           "PackVerdict", "canonical", "fact_kinds", "get_pack", "variables_of"]
 
 # name -> module under packs/, loaded on first use.
 _MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",

@@ -10,9 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from ..engines import (  # noqa: F401 (handed on to the pack modules and the registry)
+# The packs' names, handed on to the pack modules and the registry.
+from ..engines import (
     ALWAYS_ON, CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, OPTIONAL_PACKS, PACK_NAMES, TORCH_ARCH,
 )
+
+__all__ = ["ACTIONS", "ALWAYS_ON", "CUDA_CONNECTIONS", "KEEP", "LEAVE", "NCCL_FABRIC",
+           "NCCL_HOST_MEM", "NONE", "OPTIONAL_PACKS", "PACK_NAMES", "PREFERRED", "REMOVE",
+           "REQUIRED", "SET", "TORCH_ARCH", "Demand", "Evaluate", "Outcome", "Pack", "PackRow",
+           "PackVerdict", "canonical"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts
