@@ -25,6 +25,9 @@ from ray_megatron_env.simulation import (
     ray_processes,
 )
 
+# --must-run PATH: .ci/run's way to fail a framework-package test that skips.
+pytest_plugins = ["must_run"]
+
 FAKES = Path(__file__).parent / "tests" / "fakes"
 # A node where the package is not installed (tests/fakes/not_installed).
 NOT_INSTALLED = {"PYTHONPATH": str(FAKES / "not_installed"),
@@ -99,7 +102,7 @@ NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode,
 NODE_SETS: Dict[str, NodeSet] = {
     # One node of each kind the cluster tests need (tests/cluster/
     # name them), 12 in all: each simulated node costs start-up and idle CPU
-    # on a 2-core machine (docs/performance.md#6-test-and-ci-times).
+    # on a 2-core machine (docs/design.md#facts-about-the-simulated-cluster-the-tests-use).
     # The V100 and 2xH100 GPU classes, and the per-node value of every
     # config on every class, are the unit matrix in
     # tests/unit/test_agent.py (the agent's own code) and the demo's run

@@ -2,7 +2,7 @@
 
 ``plugin.py`` is the thin class Ray loads; this module is where a worker's
 environment is decided, so it can be exercised directly with a plain dict
-for ``env_vars`` and a fake probe. The worker-side fallback (``worker.py``)
+for ``env_vars`` and a fake probe. The worker-side fallback (``setup_hook.py``)
 calls the same ``decision.decide_node`` and ``NodeDecision.write_to``, so both
 paths apply one precedence and leave one record.
 """

@@ -25,7 +25,7 @@ DRIVER_ENV = "driver-env"
 VIA_PLUGIN, VIA_SETUP_HOOK = "plugin", "setup-hook"
 # 1: CUDA's answer in top-level keys, other variables under "packs" (0.x).
 # 2: one entry per variable under "variables"; the version-1 keys are still
-# written beside it for one release (docs/how-it-works.md#the-decision-ray_megatron_env_decision).
+# written beside it for one release (docs/record.md#version-1s-keys-until-030).
 RECORD_VERSION = 2
 _STRONGEST = (REQUIRED, PREFERRED, "none")
 
@@ -82,7 +82,7 @@ class Decision:
     record: int = RECORD_VERSION
 
     # CUDA_DEVICE_MAX_CONNECTIONS as record version 1 carried it; kept for one
-    # release beside ``variables`` (docs/how-it-works.md#the-decision-ray_megatron_env_decision).
+    # release beside ``variables`` (docs/record.md#version-1s-keys-until-030).
     @property
     def cuda(self) -> VariableDecision:
         return self.variables[CONNECTIONS_VARIABLE]

@@ -40,6 +40,7 @@ from ..names import CUDA_CONNECTIONS, FIELD, NCCL_FABRIC, NCCL_HOST_MEM, PACK_NA
 # The shape, re-exported: code outside the package takes it from ``packs``.
 from .pack import Pack
 
+
 # name -> module under packs/, loaded on first use.
 _MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",
             NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch"}

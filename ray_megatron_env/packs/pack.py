@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts
     from ..spec import Spec
