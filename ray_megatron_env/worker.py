@@ -179,7 +179,7 @@ def uv_hook_replaces_driver_hook() -> bool:
 # facts, so they key a decision made on the node once for all its workers.
 PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE",
                   "NCCL_NVLS_ENABLE", "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE",
-                  "NCCL_SHM_DISABLE", "TORCH_CUDA_ARCH_LIST")
+                  "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "TORCH_CUDA_ARCH_LIST")
 # The kinds of node facts besides the GPUs each optional pack reads
 # (packs.*.fact_kinds; a test keeps them equal): what a cached decision's key
 # takes from the node's cache, without importing the core.

@@ -7,9 +7,25 @@ import re
 from typing import Any, Mapping, Optional
 
 CUMEM_AUTO = -2  # NCCL src/misc/cudawrap.cc: NCCL_PARAM(CuMemEnable, "CUMEM_ENABLE", -2)
+P2P_DISABLE = "NCCL_P2P_DISABLE"
+P2P_LEVEL = "NCCL_P2P_LEVEL"
+
+# The NCCL releases every NCCL row was read against.
+NCCL_READ = ("read in NCCL's source at v2.30.7 (and at each release the row names), and in the 2.31.2 "
+             "and 2.32.3 libnccl.so.2 of PyPI's nvidia-nccl-cu12 as strings only (the same "
+             "variables and messages; their source is not in the NVIDIA/nccl snapshot read)")
+# NCCL's config files (src/misc/param.cc initEnvFunc: NCCL_CONF_FILE, else
+# ~/.nccl.conf, then /etc/nccl.conf) go in with setenv(name, value, 0)
+# (src/os/linux.cc): they fill unset variables only, and no pack reads them.
+CONF_SET = ("no effect on the variable written: the files fill only unset variables "
+            "(setenv without overwrite)")
+CONF_UNSEEN = ("a value set only there is not read by the pack: NCCL applies it, without this "
+               "row's warning")
+CONF_FILLS = "fills each variable left unset, and NCCL reads it as if set in the environment"
 
 _STRTOLL = re.compile(r"^\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 _INT64 = 2 ** 63
+_INT32 = 2 ** 32
 
 
 def nccl_param(value: Optional[Any], default: Optional[int]) -> Optional[int]:
@@ -42,3 +58,41 @@ def worker_value(name: str, env_vars: Mapping[str, str],
     else the node's (Ray puts env_vars over the environment the worker
     inherits)."""
     return env_vars.get(name, node_environ.get(name))
+
+
+def _c_int_strtol(value: str) -> int:
+    """``(int)strtol(str, NULL, 0)`` as NCCL's ncclGetLevel computes it: no
+    digits is 0, an overflow is LONG_MAX or LONG_MIN, and the long is
+    stored in an int (its low 32 bits on Linux)."""
+    match = _STRTOLL.match(value)
+    if not match:
+        return 0
+    digits = match.group(2)
+    number = int(digits, 16) if digits[:2].lower() == "0x" else int(digits, 8 if
+                                                                    digits.startswith("0") else 10)
+    number = -number if match.group(1) == "-" else number
+    number = max(-_INT64, min(_INT64 - 1, number))
+    number %= _INT32
+    return number - _INT32 if number >= _INT32 // 2 else number
+
+
+def p2p_level_loc(env_vars: Mapping[str, Any],
+                  node_environ: Mapping[str, str]) -> Optional[str]:
+    """The variable that makes NCCL's user P2P level PATH_LOC (0), which
+    turns off P2P between any two GPUs and NCCL's MNNVL check; None where
+    neither does (NCCL src/graph/paths.cc ncclGetLevel, 2.30.7):
+    NCCL_P2P_DISABLE read as ``(int)strtol(str, NULL, 0) == 1``; only where
+    it is not 1, NCCL_P2P_LEVEL: exactly ``LOC`` (strcmp against
+    topoPathTypeStr), or the old numbering, a value that starts with a digit
+    and whose strtol is 0 (levelsOldToNew[0] is PATH_LOC)."""
+    disable = worker_value(P2P_DISABLE, env_vars, node_environ)
+    if disable is not None and _c_int_strtol(str(disable)) == 1:
+        return P2P_DISABLE
+    level = worker_value(P2P_LEVEL, env_vars, node_environ)
+    if level is None:
+        return None
+    level = str(level)
+    if level == "LOC" or (level[:1] != "" and level[0] in "0123456789"
+                          and _c_int_strtol(level) == 0):
+        return P2P_LEVEL
+    return None
