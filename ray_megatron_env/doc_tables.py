@@ -57,13 +57,17 @@ def markdown_rules() -> str:
 
 
 def markdown_table(pack: Pack) -> str:
-    """A pack's rows as ``docs/packs.md`` shows them (a test keeps it in step)."""
-    lines = ["| # | row | when | action | variables | strength | why | source |",
-             "|---|---|---|---|---|---|---|---|"]
+    """A pack's rows as ``docs/packs.md`` shows them (a test keeps it in step),
+    with a column for what a node's nccl.conf means where the rows say."""
+    conf = any(row.conf for row in pack.rows)
+    lines = ["| # | row | when | action | variables | strength | why | source |" +
+             (" a node's nccl.conf |" if conf else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if conf else "")]
     for number, row in enumerate(pack.rows, 1):
         values = ", ".join(f"`{var}={val}`" if val else f"`{var}`" for var, val in row.values)
         lines.append(f"| {number} | `{row.id}` | {row.when} | {row.action} | {values or '-'} | "
-                     f"{row.strength} | {row.why} | {row.source} |")
+                     f"{row.strength} | {row.why} | {row.source} |" +
+                     (f" {row.conf or '-'} |" if conf else ""))
     return "\n".join(lines)
 
 

@@ -23,10 +23,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 from ..engines import TRTLLM
 from ..names import (
     CUMEM_VARIABLE as CUMEM, MNNVL_VARIABLE as MNNVL, NCCL_FABRIC, NVLS_VARIABLE as NVLS,
-    P2P_DISABLE_VARIABLE as P2P_DISABLE, PACK_FACT_KINDS, PACK_VARIABLES_OF,
+    PACK_FACT_KINDS, PACK_VARIABLES_OF,
 )
 from ..node import IMEX_NOT_READY, WRITABLE, NodeFabric, NodeFacts
-from .nccl_params import cumem_off, nccl_param, worker_value
+from .nccl_p2p import p2p_level_loc
+from .nccl_params import (
+    CONF_FILLS, CONF_SET, CONF_UNSEEN, NCCL_READ, cumem_off, nccl_param, worker_value,
+)
 from .pack import KEEP, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REQUIRED, SET
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,7 +88,9 @@ ROWS = (
             "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; only ncclMnnvlCheck switches it to "
             "FABRIC) and src/transport/nvls.cc (ncclNvlsGroupCreate/Connect export FABRIC "
             "handles only when that type is FABRIC, else pass a file descriptor through the "
-            "proxy); nebius-solutions-library PR #1137 (GB300 without an IMEX ComputeDomain)"),
+            "proxy); nebius-solutions-library PR #1137 (GB300 without an IMEX ComputeDomain); "
+            f"{NCCL_READ}",
+            CONF_SET),
     PackRow("fabric-registration-failed",
             "every GPU's fabric state is COMPLETED with a non-zero cluster UUID, and some "
             "GPU's status is not SUCCESS",
@@ -93,7 +98,8 @@ ROWS = (
             "the GPU's registration with the NVLink fabric finished with an error; NCCL's "
             "check reads only the state and UUID, so it takes the MNNVL path on a fabric "
             "NVML reports as failed, where FABRIC memory cannot be shared",
-            f"{_NVML_STATUS}; {_MNNVL_CHECK}"),
+            f"{_NVML_STATUS}; {_MNNVL_CHECK}; {NCCL_READ}",
+            CONF_SET),
     PackRow("fabric-imex-not-ready",
             "fabric-attached (as above), a writable IMEX channel, and the node reports the "
             "IMEX domain not ready (imex_status not-ready: nvidia-imex-ctl -N -j says DOWN)",
@@ -101,7 +107,8 @@ ROWS = (
             "the channel lets CUDA allocate FABRIC memory, but exporting and importing it "
             "needs the IMEX daemon; NCCL 2.25.1 and later fail ncclCommInitRank when that "
             "fails",
-            _IMEX_CHECK),
+            f"{_IMEX_CHECK}; {NCCL_READ}",
+            CONF_SET),
     PackRow("nvswitch-fabric-not-ready",
             "the GPUs report a fabric state (NVSwitch, not NOT_SUPPORTED), compute capability "
             f"major >= {NVLS_MIN_MAJOR}, and some GPU's fabric is not COMPLETED with SUCCESS "
@@ -110,7 +117,8 @@ ROWS = (
             "CUDA can still report multicast support, so NCCL's default tries NVLS, and "
             "binding multicast memory fails without a registered fabric; before NCCL 2.27 "
             "and from 2.29 that fails init (2.27 and 2.28 fell back)",
-            _NVLS_BIND),
+            f"{_NVLS_BIND}; {NCCL_READ}",
+            CONF_SET),
     PackRow("cumem-off-under-trtllm-multinode-tp",
             "NCCL would take the MNNVL path (fabric-attached, registered, a writable IMEX "
             "channel, IMEX not reported down), the job turns cuMem off (NCCL_CUMEM_ENABLE "
@@ -122,26 +130,31 @@ ROWS = (
             "hangs is contested: one verl PR reports the hang, while verl's own rollout "
             "code sets 0 on purpose against another hang. The job's value is kept and a "
             "warning names both",
-            f"{_CUMEM}; {_TRTLLM_SOURCES}"),
+            f"{_CUMEM}; {_TRTLLM_SOURCES}; {NCCL_READ}",
+            CONF_UNSEEN),
     PackRow("cumem-off-disables-mnnvl",
             "NCCL would take the MNNVL path (as above) and the job turns cuMem off (any "
             "other engine, or TRT-LLM within a node)",
             KEEP, ((CUMEM, "0"),), PREFERRED,
             "MNNVL will be off on this node, so cross-tray traffic takes the network; the "
             "job's value is its own (ROLL, AReaL and slime set it) and is kept",
-            _CUMEM),
+            f"{_CUMEM}; {NCCL_READ}",
+            CONF_UNSEEN),
     PackRow("p2p-off-disables-mnnvl",
             "NCCL would take the MNNVL path (as above, cuMem on), the job (or the node) sets "
-            "NCCL_P2P_DISABLE=1, and NCCL_MNNVL_ENABLE is not 1",
+            "NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=LOC (or an old-style level that reads as 0) "
+            "while NCCL_P2P_DISABLE is not 1, and NCCL_MNNVL_ENABLE is not 1",
             LEAVE, (), NONE,
             "a warning, nothing set: NCCL runs its MNNVL check only where the P2P level is "
-            "not 0, and NCCL_P2P_DISABLE=1 makes it 0, so MNNVL is off on this node and "
-            "cross-tray traffic takes the network (NCCL_MNNVL_ENABLE=1 would force the "
-            "check); the variable is the nccl-host-mem pack's, and the job's value stays",
+            "not 0, and either value makes it 0, so MNNVL is off on this node and cross-tray "
+            "traffic takes the network (NCCL_MNNVL_ENABLE=1 would force the check); the "
+            "variables are the nccl-host-mem pack's, and the job's value stays",
             "NCCL src/init.cc (from 2.27.3: the MNNVL check runs if (nNodes > 1 && "
             "MNNVL_ENABLE != 0 && p2pLevel != 0) || MNNVL_ENABLE == 1); src/graph/paths.cc "
             "ncclGetLevel (NCCL_P2P_DISABLE read with strtol(str, NULL, 0); 1 gives PATH_LOC, "
-            "which is 0)"),
+            "which is 0; else NCCL_P2P_LEVEL: 'LOC' is PATH_LOC, and a value starting with a "
+            f"digit is the old numbering, where 0 is PATH_LOC); {NCCL_READ}",
+            CONF_UNSEEN),
     PackRow("fabric-health",
             "fabric-attached node whose NVML fabric health mask reports a problem (degraded "
             "bandwidth, route recovery or unhealthy route, access-timeout recovery, an "
@@ -150,7 +163,8 @@ ROWS = (
             "a warning for the operator, nothing set: NCCL does not read the mask, and no "
             "source ties a mask value to an NCCL failure (NVIDIA/nccl#2186, a SIGSEGV at "
             "large clique sizes, reports mask 0xaa, which decodes as healthy)",
-            _HEALTH),
+            f"{_HEALTH}; {NCCL_READ}",
+            "none: the row reads no NCCL variable"),
     PackRow("leave-to-nccl",
             "anything else: a registered fabric with a writable IMEX channel and IMEX ready "
             "or unknown, PCIe or NVLink-bridge GPUs (fabric NOT_SUPPORTED), GPUs before "
@@ -161,7 +175,8 @@ ROWS = (
             "unknown, NCCL's own export/import check decides",
             "NCCL src/init.cc (MNNVL_ENABLE=2), src/transport/nvls.cc ncclNvlsInit "
             "(NVLS_ENABLE=2 asks CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED; 1 skips it), "
-            "src/misc/cudawrap.cc (CUMEM_ENABLE=-2)"),
+            f"src/misc/cudawrap.cc (CUMEM_ENABLE=-2); {NCCL_READ}",
+            CONF_FILLS + " (NCCL_NVLS_ENABLE=1 there skips NCCL's multicast check)"),
 )
 _BY_ID = {row.id: row for row in ROWS}
 
@@ -255,12 +270,13 @@ def _fabric_rows(fabric: NodeFabric, facts: NodeFacts, where: str) -> dict:
 
 def _p2p_off(env_vars: Mapping[str, Any], node_environ: Mapping[str, str],
              where: str) -> Optional[str]:
-    """The warning where NCCL_P2P_DISABLE=1 keeps NCCL from its MNNVL check."""
-    value = worker_value(P2P_DISABLE, env_vars, node_environ)
-    if value is None or nccl_param(value, 0) != 1 or \
-            nccl_param(worker_value(MNNVL, env_vars, node_environ), 2) == 1:
+    """The warning where the job's P2P level of 0 (NCCL_P2P_DISABLE=1, or
+    NCCL_P2P_LEVEL=LOC) keeps NCCL from its MNNVL check."""
+    variable = p2p_level_loc(env_vars, node_environ)
+    if variable is None or nccl_param(worker_value(MNNVL, env_vars, node_environ), 2) == 1:
         return None
-    return (f"{NCCL_FABRIC} [p2p-off-disables-mnnvl]: {where}: NCCL_P2P_DISABLE={value} also "
+    value = worker_value(variable, env_vars, node_environ)
+    return (f"{NCCL_FABRIC} [p2p-off-disables-mnnvl]: {where}: {variable}={value} also "
             "turns multi-node NVLink off (NCCL runs its MNNVL check only where the P2P level "
             "is not 0), so cross-tray traffic takes the network; nothing is set")
 
@@ -296,8 +312,8 @@ PACK = Pack(
                 "-j (UP: ready, DOWN: not-ready, otherwise unknown)",
                 "the number of GPUs",
                 "the oldest GPU's compute capability"),
-    config_facts=("the job's own NCCL_CUMEM_ENABLE, NCCL_P2P_DISABLE and NCCL_MNNVL_ENABLE "
-                  "(its env_vars, else the node's)",
+    config_facts=("the job's own NCCL_CUMEM_ENABLE, NCCL_P2P_DISABLE, NCCL_P2P_LEVEL and "
+                  "NCCL_MNNVL_ENABLE (its env_vars, else the node's; never NCCL's config files)",
                   "each TRT-LLM role's tensor parallel size (spans nodes when above the "
                   "node's GPU count)",
                   "roles whose tensor parallel group spans nodes whatever their size "

@@ -32,6 +32,9 @@ class PackRow:
     strength: str  # required | preferred | none
     why: str
     source: str
+    # What a node's NCCL config file (/etc/nccl.conf, ~/.nccl.conf,
+    # NCCL_CONF_FILE) means for the row; only NCCL's rows have one.
+    conf: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ class Outcome:
 
 def canonical(value: str, variable: str = "") -> str:
     """A variable's value as its library reads it, so that two spellings of
-    one value meet the same rule. NCCL's variables (every one a pack owns is
-    an integer parameter) as NCCL reads them, ``strtoll(str, NULL, 0)``
+    one value meet the same rule. NCCL's integer parameters (every NCCL
+    variable a pack owns but NCCL_P2P_LEVEL, a path name NCCL compares with
+    strcmp, which stays as written) as NCCL reads them, ``strtoll(str, NULL, 0)``
     (src/misc/param.cc ncclLoadParam; src/graph/paths.cc ncclGetLevel uses
     ``strtol(str, NULL, 0)``): ``"0x0"`` is 0, ``"010"`` is 8, trailing text
     ignored; empty is NCCL's default and stays ``""``. Any other variable
@@ -91,7 +95,7 @@ def canonical(value: str, variable: str = "") -> str:
     a decimal integer (``"01"`` is 1, ``" 0"`` is 0); anything else exactly
     as written (``"8.0 "`` is not ``"8.0"`` to PyTorch: it ends in an empty
     entry)."""
-    if variable.startswith("NCCL_") and value != "":
+    if variable.startswith("NCCL_") and variable != "NCCL_P2P_LEVEL" and value != "":
         from .nccl_params import nccl_param
 
         number = nccl_param(value, None)

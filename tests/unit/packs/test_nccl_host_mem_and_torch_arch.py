@@ -81,9 +81,14 @@ def variables(result, *names):
     (HGX_H100, {}, {}, {}, (None, "none", "leave-to-nccl"), False, True),
     (CPU, {}, {}, {}, (None, "none", "leave-to-nccl"), False, True),
     # cuMem off in the job (0, or negative but not -2): the host path is unused
-    (L40S_OLD, {"NCCL_CUMEM_ENABLE": "0"}, {}, {}, (None, "none", "cumem-off"), False, True),
-    (L40S_OLD, {"NCCL_CUMEM_ENABLE": "-1"}, {}, {}, (None, "none", "cumem-off"), False, True),
-    (L40S_OLD, {}, {"NCCL_CUMEM_ENABLE": "0"}, {}, (None, "none", "cumem-off"), False, True),
+    # only while it stays off (NeMo-RL turns it on in its workers), so 0 is
+    # written there too, inert where cuMem stays off (issue 37)
+    (L40S_OLD, {"NCCL_CUMEM_ENABLE": "0"}, {}, {HOST: "0"}, ("0", "policy", "cumem-off"), False,
+     True),
+    (L40S_OLD, {"NCCL_CUMEM_ENABLE": "-1"}, {}, {HOST: "0"}, ("0", "policy", "cumem-off"), False,
+     True),
+    (L40S_OLD, {}, {"NCCL_CUMEM_ENABLE": "0"}, {HOST: "0"}, ("0", "policy", "cumem-off"), False,
+     True),
     # -2 is auto, 1 is on: still the crash
     (L40S_OLD, {"NCCL_CUMEM_ENABLE": "-2"}, {}, {HOST: "0"},
      ("0", "policy", "no-p2p-old-driver"), False, True),
