@@ -274,7 +274,7 @@ FAULTS: Tuple[Fault, ...] = (
           "driver's directory on sys.path and an explicit value equal to the node's own "
           "(job, per-role or per-actor) are kept, as on a registered node",
           "nothing; a plain per-actor env_vars value equal to the node's own, of a variable "
-          "no env from this package set, is read as the node's (docs/how-it-works.md)",
+          "no env from this package set, is read as the node's (docs/limitations.md)",
           ("cluster/test_setup_hook_race.py::test_a_job_value_equal_to_the_nodes_own_stays_explicit_under_the_race",
            "cluster/test_setup_hook_race.py::test_an_actors_value_equal_to_the_nodes_own_over_the_jobs_is_explicit",
            "cluster/test_setup_hook_race.py::test_fresh_workers_without_the_delay_keep_the_jobs_config_and_value",
