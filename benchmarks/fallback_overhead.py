@@ -6,7 +6,7 @@
 (b) a plain env_vars runtime env of the same shape (what frameworks do today).
 Each actor gets a runtime env never seen before (a unique tag), so every
 start is a new worker process. The hook travels as Ray carries a job's
-setup hook to its workers (an env var; worker.as_actor_env), so both
+setup hook to its workers (an env var; setup_hook.as_actor_env), so both
 variants run in one job and interleave. The first rounds are warm-up.
 
     python benchmarks/fallback_overhead.py [--repetitions 40]
