@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Optional
 FOLDER = "megatron_env"
 RETRY_FAILED_AFTER_S = 60.0
 # The key of each kind's record that is None when its probe failed.
-KNOWN_KEYS = {"gpus": "capabilities", "fabric": "gpus", "p2p": "count"}
+KNOWN_KEYS = {"gpus": "capabilities", "fabric": "gpus", "p2p": "count", "net": "ifaces"}
 
 
 def fresh(facts: Any, age_s: float, retry_failed_after_s: float) -> bool:
@@ -98,7 +98,7 @@ class NodeCache:
         return os.path.join(self.folder, f"{kind}-{self.node_id}.json")
 
     def get(self, probe: Callable[[], Any], kind: str = "gpus") -> Any:
-        """The node's ``kind`` of facts (``gpus``, ``fabric`` or ``p2p``), probed with
+        """The node's ``kind`` of facts (``gpus``, ``fabric``, ``p2p`` or ``net``), probed with
         ``probe`` only if no worker on the node has yet."""
         path = self.path(kind)
         try:

@@ -179,11 +179,15 @@ def uv_hook_replaces_driver_hook() -> bool:
 # facts, so they key a decision made on the node once for all its workers.
 PACK_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE",
                   "NCCL_NVLS_ENABLE", "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE",
-                  "NCCL_SHM_DISABLE", "TORCH_CUDA_ARCH_LIST")
+                  "NCCL_SHM_DISABLE", "TORCH_CUDA_ARCH_LIST",
+                  "NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "FLA_TILELANG", "GLOO_SOCKET_IFNAME",
+                  "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
+                  "NCCL_IB_GID_INDEX")
 # The kinds of node facts besides the GPUs each optional pack reads
 # (packs.*.fact_kinds; a test keeps them equal): what a cached decision's key
 # takes from the node's cache, without importing the core.
-PACK_FACT_KINDS = {"nccl-fabric": ("fabric",), "nccl-host-mem": ("p2p",), "torch-arch": ()}
+PACK_FACT_KINDS = {"nccl-fabric": ("fabric",), "nccl-host-mem": ("p2p",), "torch-arch": (),
+                   "te-fp8-scales": (), "fla-backend": (), "net-ifaces": ("net",)}
 
 
 def decide_here(environ: MutableMapping[str, str], node_environ: Optional[Mapping[str, str]],
@@ -351,7 +355,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     runtime env's ``env_vars``, so is explicit, and so is a value the job's
     own ``env_vars`` (``job_env_vars``) gave, even where it equals the
     node's; the node's other values are the inherited ones.
-    ``cache(probe, kind)`` returns the node's ``gpus``, ``fabric`` or ``p2p`` facts,
+    ``cache(probe, kind)`` returns the node's ``gpus``, ``fabric``, ``p2p`` or ``net`` facts,
     running ``probe`` only when no worker on the node has.
     """
     if plugin_decided(environ, node_environ):
@@ -359,9 +363,9 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     from .decision import VIA_SETUP_HOOK, decide_node
     from .errors import FieldValueError
     from .frameworks import parse_field
-    from .node import FABRIC, P2P, NodeFacts
+    from .node import FABRIC, NET, P2P, NodeFacts
     from .packs import fact_kinds
-    from .probe import probe_fabric, probe_gpus, probe_p2p
+    from .probe import probe_fabric, probe_gpus, probe_net, probe_p2p
 
     text = _own_field_text(environ, node_environ)
     try:
@@ -379,7 +383,9 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     facts = NodeFacts(cache(lambda: probe_gpus(probe_env), "gpus"),
                       cache(lambda: probe_fabric(probe_env), "fabric")
                       if FABRIC in kinds else None,
-                      cache(lambda: probe_p2p(probe_env), "p2p") if P2P in kinds else None)
+                      cache(lambda: probe_p2p(probe_env), "p2p") if P2P in kinds else None,
+                      cache(lambda: probe_net(probe_env, _ray_node_ip()), "net")
+                      if NET in kinds else None)
     if node_environ is None:
         env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:
@@ -395,6 +401,16 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
         else:
             environ.pop(key, None)
     return result.decision
+
+
+def _ray_node_ip() -> Optional[str]:
+    """The address Ray uses for this worker's node (its raylet's), or None."""
+    try:
+        import ray
+
+        return ray._private.worker.global_worker.node_ip_address
+    except Exception:
+        return None
 
 
 def node_environment(pid: Optional[int] = None) -> Optional[Dict[str, str]]:

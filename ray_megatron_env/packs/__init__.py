@@ -38,14 +38,15 @@ from ..errors import FieldValueError
 from ..values import FIELD, show
 # The shape, re-exported: code outside the package takes it from ``packs``.
 from .pack import (  # noqa: F401
-    ACTIONS, ALWAYS_ON, CUDA_CONNECTIONS, KEEP, LEAVE, NCCL_FABRIC, NCCL_HOST_MEM, NONE,
-    OPTIONAL_PACKS, PACK_NAMES, PREFERRED, REMOVE, REQUIRED, SET, TORCH_ARCH, Demand, Evaluate,
-    Outcome, Pack, PackRow, PackVerdict, canonical,
+    ACTIONS, ALWAYS_ON, CUDA_CONNECTIONS, FLA_BACKEND, KEEP, LEAVE, NCCL_FABRIC, NCCL_HOST_MEM,
+    NET_IFACES, NONE, OPTIONAL_PACKS, PACK_NAMES, PREFERRED, REMOVE, REQUIRED, SET, TE_FP8_SCALES,
+    TORCH_ARCH, Demand, Evaluate, Outcome, Pack, PackRow, PackVerdict, canonical,
 )
 
 # name -> module under packs/, loaded on first use.
 _MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",
-            NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch"}
+            NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch",
+            TE_FP8_SCALES: "te_fp8_scales", FLA_BACKEND: "fla_backend", NET_IFACES: "net_ifaces"}
 
 
 def get_pack(name: str) -> Pack:

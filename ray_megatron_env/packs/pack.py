@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from ..engines import (  # noqa: F401 (handed on to the pack modules and the registry)
-    ALWAYS_ON, CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, OPTIONAL_PACKS, PACK_NAMES, TORCH_ARCH,
+    ALWAYS_ON, CUDA_CONNECTIONS, FLA_BACKEND, INFERENCE, NCCL_FABRIC, NCCL_HOST_MEM, NET_IFACES,
+    OPTIONAL_PACKS, PACK_NAMES, TE_FP8_SCALES, TORCH_ARCH,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -19,6 +20,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Spec
 
 SET, REMOVE, KEEP, LEAVE = "set", "remove", "keep", "leave"
+# Variables their libraries read as text, compared exactly as written (``canonical``):
+# Transformer Engine's ``== "1"``, fla's ``!= "0"``, and interface and HCA lists (NCCL's
+# string parameters, not integer ones). A test keeps it equal to the text variables
+# of the te-fp8-scales, fla-backend and net-ifaces packs.
+TEXT_VARIABLES = frozenset({
+    "NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "FLA_TILELANG", "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "NCCL_IB_HCA"})
 ACTIONS = (SET, REMOVE, KEEP, LEAVE)
 REQUIRED, PREFERRED, NONE = "required", "preferred", "none"
 
@@ -84,15 +92,17 @@ class Outcome:
 
 def canonical(value: str, variable: str = "") -> str:
     """A variable's value as its library reads it, so that two spellings of
-    one value meet the same rule. NCCL's variables (every one a pack owns is
-    an integer parameter) as NCCL reads them, ``strtoll(str, NULL, 0)``
-    (src/misc/param.cc ncclLoadParam; src/graph/paths.cc ncclGetLevel uses
+    one value meet the same rule. ``TEXT_VARIABLES`` exactly as written.
+    NCCL's other variables (integer parameters) as NCCL reads them,
+    ``strtoll(str, NULL, 0)`` (src/misc/param.cc ncclLoadParam; src/graph/paths.cc ncclGetLevel uses
     ``strtol(str, NULL, 0)``): ``"0x0"`` is 0, ``"010"`` is 8, trailing text
     ignored; empty is NCCL's default and stays ``""``. Any other variable
     (``CUDA_DEVICE_MAX_CONNECTIONS``, read by the closed-source CUDA driver):
     a decimal integer (``"01"`` is 1, ``" 0"`` is 0); anything else exactly
     as written (``"8.0 "`` is not ``"8.0"`` to PyTorch: it ends in an empty
     entry)."""
+    if variable in TEXT_VARIABLES:
+        return value
     if variable.startswith("NCCL_") and value != "":
         from .nccl_params import nccl_param
 
@@ -102,6 +112,13 @@ def canonical(value: str, variable: str = "") -> str:
         return str(int(value.strip()))
     except ValueError:
         return value
+
+
+def trains(spec: Spec) -> bool:
+    """The worker runs a trainer: some engine of its spec is not an
+    inference engine (the processes that run Transformer Engine's recipes
+    and fla's backward kernels)."""
+    return any(engine.kind != INFERENCE for _, engine in spec.engines)
 
 
 @dataclass(frozen=True)
