@@ -40,7 +40,7 @@ from ..values import FIELD, show
 from .pack import (  # noqa: F401
     ACTIONS, ALWAYS_ON, CUDA_CONNECTIONS, FLA_BACKEND, KEEP, LEAVE, NCCL_FABRIC, NCCL_HOST_MEM,
     NET_IFACES, NONE, OPTIONAL_PACKS, PACK_NAMES, PREFERRED, REMOVE, REQUIRED, SET, TE_FP8_SCALES,
-    TORCH_ARCH, Demand, Evaluate, Outcome, Pack, PackRow, PackVerdict, canonical,
+    TEXT_VARIABLES, TORCH_ARCH, Demand, Evaluate, Outcome, Pack, PackRow, PackVerdict, canonical,
 )
 
 # name -> module under packs/, loaded on first use.

@@ -45,8 +45,9 @@ _BLACKWELL = ("NovaSky-AI/SkyRL PR #2170 (FLA_TILELANG=1 on B200: 'misaligned ad
               "fla/ops/gated_delta_rule/wy_fast.py prepare_wy_repr_bwd_kernel, first backward of "
               "any Qwen3.5 Megatron run); SkyRL examples/train/megatron/run_megatron_qwen3.5.sh "
               "('export FLA_TILELANG=0 ... leave unset on hopper')")
-_SKYRL = ("SkyRL skyrl/train/utils/utils.py prepare_runtime_environment: env_vars[\"FLA_TILELANG\"] "
-          "= os.environ.get(\"FLA_TILELANG\", \"1\") for every Megatron job")
+_SKYRL = ("SkyRL skyrl/train/utils/utils.py prepare_runtime_environment: "
+          "env_vars[\"FLA_TILELANG\"] = os.environ.get(\"FLA_TILELANG\", \"1\") for every "
+          "Megatron job")
 
 ROWS = (
     PackRow("tilelang-on-blackwell",
