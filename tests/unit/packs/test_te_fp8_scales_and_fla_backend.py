@@ -271,3 +271,27 @@ def test_text_variables_are_compared_as_written():
     texts = {v for name in ("te-fp8-scales", "fla-backend", "net-ifaces")
              for v in get_pack(name).variables} - {"NCCL_IB_GID_INDEX"}
     assert TEXT_VARIABLES == texts
+
+
+# --- the demo's nodes (demo --packs te-fp8-scales,fla-backend,net-ifaces) -------------
+
+def test_the_demo_nodes_images_meet_the_three_packs():
+    from ray_megatron_env.demo import DEMO_NODES
+    from ray_megatron_env.probe import probe_node
+
+    spec = parse_field(build_runtime_env(
+        MEGATRON_TP2, packs=["te-fp8-scales", "fla-backend", "net-ifaces"])["megatron_env"])
+    acted = {}
+    for demo_node in DEMO_NODES:
+        environ = demo_node.environment()
+        decision = decide_node(spec, probe_node(("net",), environ), {}, environ).decision
+        acted[demo_node.name] = {name: (entry.value, entry.rule)
+                                 for name, entry in decision.variables.items()
+                                 if entry.pack != "cuda-connections" and entry.action == "set"
+                                 and entry.source == "policy"}
+    assert acted == {
+        "cpu_head": {}, "v100": {}, "a100": {}, "h100_b200": {},
+        "h100": {TILELANG: ("1", "tilelang-off-on-hopper")},
+        "gb200": {SCALES: ("0", "fp32-scales-on-blackwell"),
+                  TILELANG: ("0", "tilelang-on-blackwell")},
+        "l40s": {"NCCL_SOCKET_IFNAME": ("ens5", "names-no-interface-here")}}
