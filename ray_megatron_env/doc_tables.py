@@ -73,10 +73,11 @@ def markdown_packs() -> str:
         pack = get_pack(name)
         on = "always on" if name in ALWAYS_ON else f"opt-in, `packs: [{name}]`"
         defaults = dict(pack.defaults)
-        variables = "; ".join(f"`{v}` (unset: {defaults[v]})" if v in defaults else f"`{v}`"
+        variables = "; ".join(f"`{v}`: {defaults[v]}" if v in defaults else f"`{v}`"
                               for v in pack.variables)
         out += [f"### `{name}`: {on}",
-                f"{pack.summary} **Variables:** {variables}. **Node facts:** "
+                f"{pack.summary} **Variables, with the library's default when unset:** "
+                f"{variables}. **Node facts:** "
                 f"{'; '.join(pack.node_facts)}. **Config facts:** {'; '.join(pack.config_facts)}."]
         # The always-on pack's table, with every condition, is rules.md's alone.
         table = ("Its rows, with every condition, are in [rules.md](rules.md#the-table)."

@@ -185,6 +185,6 @@ PACK = Pack(
                   "whether the process runs a trainer engine (not an inference engine)"),
     rows=ROWS,
     evaluate=evaluate,
-    defaults=((TILELANG_VARIABLE, "unset: fla's own choice, from 0.5.2 TileLang only on Hopper "
+    defaults=((TILELANG_VARIABLE, "fla's own choice, from 0.5.2 TileLang only on Hopper "
                                   "with Triton >= 3.4 (up to 0.5.1 wherever installed)"),),
 )

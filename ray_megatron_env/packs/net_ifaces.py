@@ -56,9 +56,9 @@ _HCCL = ("Ascend CANN docs, environment variable HCCL_SOCKET_IFNAME: a prefix li
 _GLOO = ("PyTorch torch/csrc/distributed/c10d/init.cpp ProcessGroupGloo: GLOO_SOCKET_IFNAME "
          "(longer than one character) split on ',', each createDeviceForInterface; "
          "gloo/transport/tcp/device.cc lookupAddrForIface (strcmp on the name, else 'Unable to "
-         "find address for'); unset: createDefaultDevice resolves the hostname (loopback where "
-         "it maps there); aws-do-eks PR #51 ('Unable to find address for: ^lo'); verl#967 ('Gloo "
-         "connectFullMesh failed')")
+         "find address for'); unset: createDefaultDevice binds the address the hostname "
+         "resolves to, else the loopback address; aws-do-eks PR #51 ('Unable to find address "
+         "for: ^lo'); verl#967 ('Gloo connectFullMesh failed')")
 _TP = ("PyTorch torch/csrc/distributed/rpc/tensorpipe_agent.cpp guessUvAddress: "
        "TP_SOCKET_IFNAME is one interface name (tensorpipe lookupAddrForIface); failing, a "
        "warning and 127.0.0.1, which other nodes cannot reach")
@@ -315,11 +315,11 @@ PACK = Pack(
     rows=ROWS,
     evaluate=evaluate,
     fact_kinds=(NET,),
-    defaults=((GLOO, "unset: the address the hostname resolves to"),
-              (NCCL, "unset: ib*, then any but docker*, lo*, virbr*, then docker*, lo, virbr "
-                     "(src/misc/socket.cc)"),
-              (TP, "unset: the address the hostname resolves to, else 127.0.0.1"),
-              (HCCL, "unset: HCCL_IF_IP, else any but docker and lo by name, then docker, lo"),
-              (IB_HCA, "unset: every active port"),
+    defaults=((GLOO, "the address the hostname resolves to, else the loopback address"),
+              (NCCL, "ib*, else NCCL_COMM_ID's subnet, else any but docker*, lo*, virbr*, "
+                     "else docker*, lo*, virbr* (src/misc/socket.cc)"),
+              (TP, "the address the hostname resolves to, else 127.0.0.1"),
+              (HCCL, "HCCL_IF_IP, else any but docker and lo by name, then docker, then lo"),
+              (IB_HCA, "every active port"),
               (GID_INDEX, "-1: detected per port (src/transport/net_ib/connect.cc)")),
 )

@@ -149,5 +149,5 @@ PACK = Pack(
                   "whether the process runs a trainer engine (not an inference engine)"),
     rows=ROWS,
     evaluate=evaluate,
-    defaults=((SCALES_VARIABLE, "unset: 0, powers of 2 (transformer_engine/common/recipe)"),),
+    defaults=((SCALES_VARIABLE, "0, powers of 2 (transformer_engine/common/recipe)"),),
 )
