@@ -97,6 +97,18 @@ def fault_nodes(workdir: Path) -> Tuple[SimulatedNode, ...]:
 
 HGX_FABRIC_NOT_READY = '{"fabric": {"state": "not_started"}}'
 
+# The te-fp8-scales, fla-backend and net-ifaces packs (tests/cluster/
+# test_packs_fp8_fla_net.py): Blackwell nodes whose image sets FP32 FP8 scales,
+# TileLang and an eth0 for NCCL and Gloo where Ray's (faked) node IP is on
+# ens5; Hopper nodes whose image turns TileLang off and names an interface no
+# node has, their own interfaces read.
+BLACKWELL_IMAGE = {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1", "FLA_TILELANG": "1",
+                   "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+                   FAKE_NODE_VARIABLE: '{"net": {"node_ip": "10.0.1.7", "ifaces": '
+                                       '{"ens5": ["10.0.1.7"], "lo": ["127.0.0.1"]}}}'}
+HOPPER_IMAGE = {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1", "FLA_TILELANG": "0",
+                "NCCL_SOCKET_IFNAME": "nosuchif0", "GLOO_SOCKET_IFNAME": "nosuchif0"}
+
 NodeSet = Union[Tuple[SimulatedNode, ...], Callable[[Path], Tuple[SimulatedNode, ...]]]
 
 NODE_SETS: Dict[str, NodeSet] = {
@@ -135,6 +147,14 @@ NODE_SETS: Dict[str, NodeSet] = {
     ),
     # Registration and install faults (built in a temp dir when first used).
     "faults": fault_nodes,
+    # Each of the three packs on both paths (5 nodes).
+    "fp8_fla_net": (
+        SimulatedNode("cpu_head", "none"),
+        SimulatedNode("b200", "10.0", dict(BLACKWELL_IMAGE)),
+        SimulatedNode("b200_unplugged", "10.0", dict(BLACKWELL_IMAGE), plugin=False),
+        SimulatedNode("h100", "9.0", dict(HOPPER_IMAGE)),
+        SimulatedNode("h100_unplugged", "9.0", dict(HOPPER_IMAGE), plugin=False),
+    ),
     # Every node registered: what a correctly set up cluster looks like, and
     # what verl's RayResourcePool places on (GPUs and Ray's accelerator_type
     # resources, logical only), behind a CPU-only head.

@@ -10,18 +10,35 @@ paths apply one precedence and leave one record.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Mapping, MutableMapping, Optional
+import os
+import sys
+from typing import Any, List, Mapping, MutableMapping, Optional, Sequence
 
 from .cache import ProbeCache
 from .decision import decide_node, split_driver_env
 from .record import VIA_PLUGIN, Decision
 from .frameworks import parse_field
+from .names import FABRIC, FIELD, NET, P2P
 from .node import NodeFacts, NodeGpus
-from .names import FABRIC, FIELD, P2P
 from .packs import fact_kinds
 from .packs.connections import explicit_value
-from .probe import probe_fabric, probe_gpus, probe_p2p
+from .probe import probe_fabric, probe_gpus, probe_net, probe_p2p
 from .spec import Spec
+
+# How Ray tells the node's runtime-env agent the address it uses for the node
+# (its command line, ray/_private/services.py: f"--node-ip-address={ip}",
+# read by ray/_private/runtime_env/agent/main.py; the same from Ray 2.41 to 2.60).
+NODE_IP_OPTION = "--node-ip-address"
+
+
+def agent_node_ip(argv: Sequence[str] = sys.argv) -> Optional[str]:
+    """The node IP Ray gave the agent this plugin runs in, or None."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"{NODE_IP_OPTION}="):
+            return arg.split("=", 1)[1] or None
+        if arg == NODE_IP_OPTION and i + 1 < len(argv):
+            return argv[i + 1] or None
+    return None
 
 
 def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
@@ -34,18 +51,21 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
 
 class NodeAgent:
     """The plugin's state on one node: its GPU probe and, for jobs that ask
-    for a pack that reads them, its fabric and peer-access probes; each cached."""
+    for a pack that reads them, its fabric, peer-access and network probes;
+    each cached."""
 
     def __init__(self, cache: Optional[ProbeCache] = None,
                  fabric_cache: Optional[ProbeCache] = None,
-                 p2p_cache: Optional[ProbeCache] = None) -> None:
+                 p2p_cache: Optional[ProbeCache] = None,
+                 net_cache: Optional[ProbeCache] = None) -> None:
         self.cache = cache or ProbeCache(probe_gpus)
         self.fabric_cache = fabric_cache or ProbeCache(probe_fabric)
         self.p2p_cache = p2p_cache or ProbeCache(probe_p2p)
+        self.net_cache = net_cache or ProbeCache(lambda: probe_net(os.environ, agent_node_ip()))
 
     def _caches(self, kinds: frozenset) -> List[ProbeCache]:
-        return [cache for kind, cache in ((FABRIC, self.fabric_cache), (P2P, self.p2p_cache))
-                if kind in kinds]
+        return [cache for kind, cache in ((FABRIC, self.fabric_cache), (P2P, self.p2p_cache),
+                                          (NET, self.net_cache)) if kind in kinds]
 
     async def probe_async(self, runtime_env: Optional[Mapping[str, Any]] = None) -> NodeGpus:
         """Probe off the event loop before ``decide_and_write`` needs the results: the
@@ -59,7 +79,8 @@ class NodeAgent:
     def facts(self, spec: Spec) -> NodeFacts:
         kinds = fact_kinds(spec.packs)
         return NodeFacts(self.cache.get(), self.fabric_cache.get() if FABRIC in kinds else None,
-                         self.p2p_cache.get() if P2P in kinds else None)
+                         self.p2p_cache.get() if P2P in kinds else None,
+                         self.net_cache.get() if NET in kinds else None)
 
     def decide_and_write(self, runtime_env: Mapping[str, Any],
                          env_vars: MutableMapping[str, str], node_environ: Mapping[str, str],

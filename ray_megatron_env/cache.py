@@ -25,12 +25,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
-from .names import FABRIC, GPUS, P2P, PACK_FACT_KINDS, PACK_VARIABLES
+from .names import FABRIC, GPUS, NET, P2P, PACK_FACT_KINDS, PACK_VARIABLES
 
 FOLDER = "megatron_env"
 RETRY_FAILED_AFTER_S = 60.0
 # The key of each kind's record that is None when its probe failed.
-KNOWN_KEYS = {GPUS: "capabilities", FABRIC: "gpus", P2P: "count"}
+KNOWN_KEYS = {GPUS: "capabilities", FABRIC: "gpus", P2P: "count", NET: "ifaces"}
 
 
 def fresh(facts: Any, age_s: float, retry_failed_after_s: float) -> bool:
@@ -100,7 +100,7 @@ class NodeCache:
         return os.path.join(self.folder, f"{kind}-{self.node_id}.json")
 
     def get(self, probe: Callable[[], Any], kind: str = "gpus") -> Any:
-        """The node's ``kind`` of facts (``gpus``, ``fabric`` or ``p2p``), probed with
+        """The node's ``kind`` of facts (``gpus``, ``fabric``, ``p2p`` or ``net``), probed with
         ``probe`` only if no worker on the node has yet."""
         path = self.path(kind)
         try:

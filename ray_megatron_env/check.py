@@ -84,18 +84,21 @@ class NodeReport:
 class _WorkerView:
     """The probe: reports the environment its worker was started with and,
     when asked, the node's facts for packs the job did not ask for (its
-    fabric, its GPUs' peer access and CUDA driver) and the values its worker
-    has of every variable a pack reads."""
+    fabric, its GPUs' peer access and CUDA driver, its network) and the
+    values its worker has of every variable a pack reads."""
 
     def view(self, fabric: bool = False) -> Tuple[Optional[str], ...]:
         seen = (os.environ.get(CONNECTIONS_VARIABLE), os.environ.get(DECISION_VARIABLE))
         if not fabric:
             return seen
-        from .probe import probe_fabric, probe_p2p
+        import ray
+
+        from .probe import probe_fabric, probe_net, probe_p2p
 
         values = {name: os.environ[name] for name in PACK_VARIABLES if name in os.environ}
+        net = probe_net(node_ip=ray.util.get_node_ip_address())
         return seen + (json.dumps(probe_fabric().to_dict()), json.dumps(probe_p2p().to_dict()),
-                       json.dumps(values))
+                       json.dumps(values), json.dumps(asdict(net)))
 
 
 def alive_nodes() -> List[Tuple[str, str]]:
@@ -204,7 +207,7 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
     decision = Decision.from_json(text) if text else None
     registered = decision is not None and (decision.via or VIA_PLUGIN) == VIA_PLUGIN
     return NodeReport(node_id, ip, registered, value, decision, label=label,
-                      advice=_advice(answer[2], text, label or node_id[:8], *answer[3:5])
+                      advice=_advice(answer[2], text, label or node_id[:8], *answer[3:6])
                       if len(answer) > 2 and text else None)
 
 
@@ -230,30 +233,46 @@ def _error_text(error: Exception) -> str:
 
 
 def _advice(fabric_json: str, decision_json: str, where: str,
-            p2p_json: Optional[str] = None, environ_json: Optional[str] = None) -> Optional[str]:
+            p2p_json: Optional[str] = None, environ_json: Optional[str] = None,
+            net_json: Optional[str] = None) -> Optional[str]:
     """Each optional pack the job did not ask for, evaluated on this node's
     facts and on the values its worker has (from the node or the job): every
     required change it would make, in words."""
-    from .node import facts_from_record, NodeFacts, parse_gpu_list
-    from .names import FABRIC, P2P
+    from .names import FABRIC, NET, P2P
+    from .node import NodeFacts, facts_from_record, parse_gpu_list
     from .packs import get_pack
     from .packs.pack import REQUIRED, SET
 
     decision = Decision.from_json(decision_json)
     fabric = facts_from_record(FABRIC, json.loads(fabric_json))
     p2p = facts_from_record(P2P, json.loads(p2p_json)) if p2p_json else None
+    net = facts_from_record(NET, json.loads(net_json)) if net_json else None
     environ = json.loads(environ_json) if environ_json else {}
     gpus = parse_gpu_list(decision.gpus if decision.gpus is not None else "none")
     asked = {entry["pack"] for entry in decision.packs.values()}
     notes = []
     for name in (p for p in OPTIONAL_PACKS if p not in asked):
-        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, fabric, p2p), {}, environ)
+        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, fabric, p2p, net), {},
+                                          environ)
         for outcome in verdict.outcomes:
             if outcome.strength == REQUIRED and outcome.action == SET:
                 notes.append(f"{name} would set {outcome.variable}={outcome.value} on node "
                              f"{where}: {outcome.reason}; ask for it with "
                              f"build_runtime_env(..., packs=[{name!r}]) or --packs {name}")
     return "; ".join(notes) or None
+
+
+def fp8_scales_disagree(reports: Iterable[NodeReport]) -> Optional[str]:
+    """The te-fp8-scales pack's warning where the GPU nodes' workers of one
+    job would not all read the same FP8 block scales."""
+    from .packs.te_fp8_scales import SCALES_VARIABLE, scales_disagree
+
+    values = {}
+    for r in reports:
+        entry = r.decision.variables.get(SCALES_VARIABLE) if r.decision is not None else None
+        if entry is not None and r.decision.gpus:
+            values[r.label or r.node_id[:8]] = entry.value
+    return scales_disagree(values)
 
 
 # Fields whose local paths or modules Ray uploads only from ray.init

@@ -181,6 +181,12 @@ def format_check(reports: List[Any]) -> str:
     for r in reports:
         lines += textwrap.wrap(f"advice: {r.advice}", 100, subsequent_indent="      ",
                                break_on_hyphens=False) if r.advice else []
+    from .check import fp8_scales_disagree
+
+    disagree = fp8_scales_disagree(reports)
+    if disagree:
+        lines += textwrap.wrap(f"warning: {disagree}", 100, subsequent_indent="      ",
+                               break_on_hyphens=False)
     driver = driver_arch_list(reports)
     if driver:
         lines += textwrap.wrap(

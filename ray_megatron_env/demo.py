@@ -7,7 +7,8 @@ CUDA driver 12.8), registers the plugin on five of them and not on the V100
 and H100+B200 nodes (as on a cluster the user cannot reconfigure; the job
 env's setup hook decides there), starts one actor per node for each example
 config (per role where the example uses per-role envs; the last asks for the
-nccl-fabric, nccl-host-mem and torch-arch packs), and reports what each
+nccl-fabric, nccl-host-mem and torch-arch packs; ``--packs`` adds the others,
+which act where ``NODE_IMAGES`` says), and reports what each
 actor got, which path decided, and why: first at a glance (``format_glance``:
 one node x scenario matrix, then what the packs set), the reasons on demand
 (``format_reasons``).
@@ -15,6 +16,7 @@ one node x scenario matrix, then what the packs set), the reasons on demand
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -30,10 +32,25 @@ EXAMPLES = Path(__file__).parent / "examples"
 UNREGISTERED = ("v100", "h100_b200")
 
 
+# Where the te-fp8-scales, fla-backend and net-ifaces packs act (``demo
+# --packs``; no scenario asks for them, so the glance keeps to one screen):
+# the GB200 tray's image sets FP32 FP8 scales and TileLang (as slime and
+# SkyRL do for every node), the H100 node's turns TileLang off (SkyRL's
+# advice for Blackwell), and the L40S node's names eth0 for NCCL where its
+# interface (faked, beside Ray's node IP) is ens5.
+NODE_IMAGES = {"b200": {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1", "FLA_TILELANG": "1"},
+               "h100": {"FLA_TILELANG": "0"}, "l40s": {"NCCL_SOCKET_IFNAME": "eth0"}}
+L40S_NET = {"node_ip": "10.0.0.7", "ifaces": {"ens5": ["10.0.0.7"], "lo": ["127.0.0.1"]}}
+
+
 def _demo_node(node: SimulatedNode) -> SimulatedNode:
-    node = replace(node, plugin=node.name not in UNREGISTERED)
+    node = replace(node, plugin=node.name not in UNREGISTERED,
+                   env={**node.env, **NODE_IMAGES.get(node.name, {})})
     if node.name == "b200":  # the demo's Blackwell node is a tray where nccl-fabric acts
         node = replace(node, name="gb200", env={**node.env, FAKE_NODE_VARIABLE: TRAY_WITHOUT_IMEX})
+    if node.name == "l40s":
+        facts = {**json.loads(node.env[FAKE_NODE_VARIABLE]), "net": L40S_NET}
+        node = replace(node, env={**node.env, FAKE_NODE_VARIABLE: json.dumps(facts)})
     return node
 
 

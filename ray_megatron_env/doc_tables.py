@@ -77,13 +77,13 @@ def markdown_packs() -> str:
     for name in PACK_NAMES:
         pack = get_pack(name)
         on = "always on" if name in ALWAYS_ON else f"opt-in, `packs: [{name}]`"
-        out += [f"### `{name}`: {on}", "", pack.summary, "",
-                f"- variables: {', '.join(f'`{v}`' for v in pack.variables)}",
-                f"- node facts: {'; '.join(pack.node_facts)}",
-                f"- config facts: {'; '.join(pack.config_facts)}"]
-        if pack.defaults:
-            out.append("- the library's default when unset: " +
-                       "; ".join(f"`{v}`: {d}" for v, d in pack.defaults))
+        defaults = dict(pack.defaults)
+        variables = "; ".join(f"`{v}`: {defaults[v]}" if v in defaults else f"`{v}`"
+                              for v in pack.variables)
+        out += [f"### `{name}`: {on}",
+                f"{pack.summary} **Variables, with the library's default when unset:** "
+                f"{variables}. **Node facts:** "
+                f"{'; '.join(pack.node_facts)}. **Config facts:** {'; '.join(pack.config_facts)}."]
         # The always-on pack's table, with every condition, is rules.md's alone.
         table = ("Its rows, with every condition, are in [rules.md](rules.md#the-table)."
                  if name in ALWAYS_ON else markdown_table(pack))

@@ -13,9 +13,10 @@ from typing import Mapping, Optional, Sequence, Union
 from .decision import NodeDecision, decide_node
 from .record import Decision
 from .errors import FieldValueError
-from .names import CONNECTIONS_VARIABLE, FABRIC, FIELD, P2P
+from .names import CONNECTIONS_VARIABLE, FABRIC, FIELD, NET, P2P
 from .node import (
-    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeP2P, parse_fake_node, parse_gpu_list,
+    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeNet, NodeP2P, parse_fake_node,
+    parse_gpu_list,
 )
 from .packs import get_pack
 from .frameworks.loading import ConfigLike, load_spec
@@ -61,7 +62,7 @@ def node_facts(gpus: Union[str, Sequence[str], None], node: Optional[str]) -> No
             (given.capabilities, given.vendor):
         raise FieldValueError(f"{FIELD}: --gpus {text!r} and the gpus in --node disagree; "
                               "give the GPUs once")
-    return NodeFacts(fake.gpus, fake.fabric, fake.p2p)
+    return NodeFacts(fake.gpus, fake.fabric, fake.p2p, fake.net)
 
 
 def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = None, *,
@@ -96,6 +97,9 @@ def explain_node(config: ConfigLike, gpus: Union[str, Sequence[str], None] = Non
     if P2P in kinds and facts.p2p is None:
         facts = replace(facts, p2p=NodeP2P(None, method="given",
                                            error="no --node given with the peer-access facts"))
+    if NET in kinds and facts.net is None:
+        facts = replace(facts, net=NodeNet(None, method="given",
+                                           error="no --node given with a \"net\" key"))
     return decide_node(spec, facts, env_vars, environ)
 
 

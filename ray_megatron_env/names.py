@@ -74,7 +74,11 @@ CUDA_CONNECTIONS = "cuda-connections"
 NCCL_FABRIC = "nccl-fabric"
 NCCL_HOST_MEM = "nccl-host-mem"
 TORCH_ARCH = "torch-arch"
-PACK_NAMES = (CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, TORCH_ARCH)
+TE_FP8_SCALES = "te-fp8-scales"
+FLA_BACKEND = "fla-backend"
+NET_IFACES = "net-ifaces"
+PACK_NAMES = (CUDA_CONNECTIONS, NCCL_FABRIC, NCCL_HOST_MEM, TORCH_ARCH, TE_FP8_SCALES, FLA_BACKEND,
+              NET_IFACES)
 ALWAYS_ON = (CUDA_CONNECTIONS,)
 OPTIONAL_PACKS = tuple(name for name in PACK_NAMES if name not in ALWAYS_ON)
 
@@ -87,6 +91,16 @@ P2P_DISABLE_VARIABLE = "NCCL_P2P_DISABLE"
 P2P_LEVEL_VARIABLE = "NCCL_P2P_LEVEL"
 SHM_DISABLE_VARIABLE = "NCCL_SHM_DISABLE"
 ARCH_LIST_VARIABLE = "TORCH_CUDA_ARCH_LIST"
+FP8_SCALES_VARIABLE = "NVTE_FP8_BLOCK_SCALING_FP32_SCALES"
+TILELANG_VARIABLE = "FLA_TILELANG"
+GLOO_IFNAME_VARIABLE = "GLOO_SOCKET_IFNAME"
+NCCL_IFNAME_VARIABLE = "NCCL_SOCKET_IFNAME"
+TP_IFNAME_VARIABLE = "TP_SOCKET_IFNAME"
+HCCL_IFNAME_VARIABLE = "HCCL_SOCKET_IFNAME"
+IB_HCA_VARIABLE = "NCCL_IB_HCA"
+GID_INDEX_VARIABLE = "NCCL_IB_GID_INDEX"
+SOCKET_IFNAME_VARIABLES = (GLOO_IFNAME_VARIABLE, NCCL_IFNAME_VARIABLE, TP_IFNAME_VARIABLE,
+                           HCCL_IFNAME_VARIABLE)
 
 # Each pack's variables, in the order it decides them.
 PACK_VARIABLES_OF = {
@@ -95,7 +109,14 @@ PACK_VARIABLES_OF = {
     NCCL_HOST_MEM: (CUMEM_HOST_VARIABLE, P2P_DISABLE_VARIABLE, P2P_LEVEL_VARIABLE,
                     SHM_DISABLE_VARIABLE),
     TORCH_ARCH: (ARCH_LIST_VARIABLE,),
+    TE_FP8_SCALES: (FP8_SCALES_VARIABLE,),
+    FLA_BACKEND: (TILELANG_VARIABLE,),
+    NET_IFACES: (*SOCKET_IFNAME_VARIABLES, IB_HCA_VARIABLE, GID_INDEX_VARIABLE),
 }
+# Variables their libraries read as text (flags compared as strings,
+# interface and device names), never as NCCL integer parameters.
+TEXT_VARIABLES = frozenset({FP8_SCALES_VARIABLE, TILELANG_VARIABLE, P2P_LEVEL_VARIABLE,
+                            *SOCKET_IFNAME_VARIABLES, IB_HCA_VARIABLE})
 # Every variable a pack reads from a worker's or a node's environment; with
 # the field and its process variables, all that a decision reads besides the
 # node's facts.
@@ -103,7 +124,7 @@ PACK_VARIABLES = tuple(dict.fromkeys(v for name in PACK_NAMES for v in PACK_VARI
 
 # The kinds of node fact: the GPUs, read for every job, and those only some
 # packs read.
-GPUS, FABRIC, P2P = "gpus", "fabric", "p2p"
-FACT_KINDS = (FABRIC, P2P)
+GPUS, FABRIC, P2P, NET = "gpus", "fabric", "p2p", "net"
+FACT_KINDS = (FABRIC, P2P, NET)
 PACK_FACT_KINDS = {CUDA_CONNECTIONS: (), NCCL_FABRIC: (FABRIC,), NCCL_HOST_MEM: (P2P,),
-                   TORCH_ARCH: ()}
+                   TORCH_ARCH: (), TE_FP8_SCALES: (), FLA_BACKEND: (), NET_IFACES: (NET,)}

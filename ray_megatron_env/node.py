@@ -1,7 +1,7 @@
 """What a node is, as the packs need it: its GPUs (compute capabilities, or
 another vendor's accelerators), the NVLink fabric of each GPU and the IMEX
-channel and daemon, and which GPU pairs lack peer access under which CUDA
-driver.
+channel and daemon, which GPU pairs lack peer access under which CUDA
+driver, and its network interfaces with the address Ray uses for it.
 
 Pure data, and the one reader of their text forms: ``parse_gpu_list`` for a
 GPU list (``RAY_MEGATRON_ENV_FAKE_GPUS``, ``explain --gpus``, a record's
@@ -17,6 +17,7 @@ what NCCL reads for every rank (NCCL ``src/init.cc``, ``fillInfo``).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Un
 
 # The kinds of node fact (the GPUs, always read; those read only for a job
 # whose packs need them, ``Pack.fact_kinds``), handed on from their home.
-from .names import FABRIC, FAKE_NODE_VARIABLE, GPUS, P2P
+from .names import FABRIC, FAKE_NODE_VARIABLE, GPUS, NET, P2P
 
 Capability = Tuple[int, int]
 
@@ -398,37 +399,126 @@ class NodeP2P:
                 "method": self.method, "error": self.error, "detail": self.detail}
 
 
+# --- Network interfaces and RDMA ports (the net-ifaces pack) ------------------
+
+INFINIBAND, ETHERNET = "infiniband", "ethernet"  # an RDMA port's link layer
+LINK_LAYERS = (INFINIBAND, ETHERNET)
+_IFACE_NAME = re.compile(r"^[^\s/,:]{1,15}$")  # Linux: IFNAMSIZ 16 with its NUL, no '/'
+_HCA_NAME = re.compile(r"^[\w.-]{1,64}$")  # an ibv_device name (IBV_SYSFS_NAME_MAX 64)
+
+
+def same_address(a: str, b: str) -> bool:
+    """Two IP addresses as text are the same address (``::1`` is ``0::1``)."""
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+
+
+@dataclass(frozen=True)
+class IbPort:
+    """One active port of an RDMA device (an HCA), as NCCL lists them
+    (src/transport/net_ib/init.cc: ``IBV_PORT_ACTIVE``, link layer InfiniBand
+    or Ethernet): its link layer, and for an Ethernet (RoCE) port the indices
+    of its GID table that hold a GID (not all zeros)."""
+
+    hca: str
+    port: int
+    link_layer: str  # infiniband | ethernet
+    gids: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    """The node's network interfaces that are up (``IFF_UP`` and
+    ``IFF_RUNNING``, as NCCL requires), each with its IPv4 and IPv6
+    addresses, the address Ray uses for this node (``node_ip``: the raylet's
+    ``--node-ip-address``; ``None`` when unknown), and its active RDMA ports
+    (``ib``; ``None`` when they were not read). ``ifaces`` is ``None`` when
+    the interfaces could not be read (``error`` says why)."""
+
+    ifaces: Optional[Tuple[Tuple[str, Tuple[str, ...]], ...]]
+    node_ip: Optional[str] = None
+    ib: Optional[Tuple[IbPort, ...]] = None
+    method: str = "probe"
+    error: Optional[str] = None
+    detail: Optional[str] = None
+    probed_at: Optional[float] = None
+    probe_pid: Optional[int] = None
+
+    @property
+    def is_known(self) -> bool:
+        return self.ifaces is not None
+
+    def addresses(self) -> Dict[str, Tuple[str, ...]]:
+        return dict(self.ifaces or ())
+
+    @property
+    def ray_iface(self) -> Optional[str]:
+        """The interface that is up and carries Ray's node IP: one every
+        other node of the cluster already reaches (Ray's own traffic runs
+        there). ``None`` when the IP is unknown or on no interface that is up."""
+        if self.node_ip is None:
+            return None
+        return next((name for name, addresses in self.ifaces or ()
+                     if any(same_address(a, self.node_ip) for a in addresses)), None)
+
+    def describe(self) -> str:
+        """Words for a reason sentence."""
+        if self.ifaces is None:
+            return f"interfaces unknown ({self.method}: {self.error})"
+        shown = ", ".join(name for name, _ in self.ifaces[:8]) or "none"
+        more = f" and {len(self.ifaces) - 8} more" if len(self.ifaces) > 8 else ""
+        if self.node_ip is None:
+            ray = "Ray's node IP unknown"
+        else:
+            iface = self.ray_iface
+            ray = f"Ray's node IP {self.node_ip} " + (f"on {iface}" if iface else
+                                                      "on no interface that is up")
+        return f"interfaces up: {shown}{more}; {ray}"
+
+    def to_dict(self) -> dict:
+        return {"node_ip": self.node_ip, "method": self.method, "error": self.error,
+                "detail": self.detail,
+                "ifaces": None if self.ifaces is None else {n: list(a) for n, a in self.ifaces},
+                "ib": None if self.ib is None else [dataclasses.asdict(p) for p in self.ib]}
+
+
 @dataclass(frozen=True)
 class NodeFacts:
-    """Everything the packs read about one node. ``fabric`` and ``p2p`` are
-    ``None`` when no pack the job asked for needs them (they are then never
-    probed)."""
+    """Everything the packs read about one node. ``fabric``, ``p2p`` and
+    ``net`` are ``None`` when no pack the job asked for needs them (they are
+    then never probed)."""
 
     gpus: NodeGpus
     fabric: Optional[NodeFabric] = None
     p2p: Optional[NodeP2P] = None
+    net: Optional[NodeNet] = None
 
 
 _FABRIC_KEYS = ("state", "status", "cluster_uuid", "clique_id", "health", "health_mask")
 _TOP_KEYS = ("gpus", "fabric", "imex_channel", "imex_status", "p2p", "cuda_driver",
-             "kernel_driver")
+             "kernel_driver", "net")
+_NET_KEYS = ("node_ip", "ifaces", "ib")
+_IB_KEYS = ("link_layer", "gids")
 
 
 class FakeNode(NamedTuple):
     """A node given as text: its GPUs (``None`` where neither the text nor
-    the default names them), its fabric and its peer-access facts."""
+    the default names them), its fabric and its peer-access facts, and its
+    network (``None`` where the text has no ``net``: the node's own is read)."""
 
     gpus: Optional[NodeGpus]
     fabric: NodeFabric
     p2p: NodeP2P
+    net: Optional[NodeNet] = None
 
 
 def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
                     default_gpus: Optional[str] = None, method: str = "fake") -> FakeNode:
     """``{"gpus": "10.0,10.0", "fabric": {...}, "imex_channel": "absent",
     "imex_status": "ready", "p2p": "none", "cuda_driver": "12.8", "kernel_driver":
-    "570.172.08"}`` -> the
-    node's facts.
+    "570.172.08", "net": {...}}`` -> the node's facts.
 
     ``gpus`` is read by ``parse_gpu_list`` (``default_gpus`` stands in where
     the object has none: explain's --gpus, RAY_MEGATRON_ENV_FAKE_GPUS). The
@@ -461,9 +551,10 @@ def parse_fake_node(text: str, where: str = FAKE_NODE_VARIABLE,
         raise FakeNodeError(f"{where}: imex_status must be one of {', '.join(IMEX_STATUSES)} "
                             f"(leave it out for unknown), got {status!r}")
     fabric = _fake_fabric(data.get("fabric"), where)
+    net = None if data.get("net") is None else _fake_net(data["net"], where, text, method)
     return FakeNode(gpus, NodeFabric(tuple(fabric for _ in range(count)), imex, method,
                                      detail=f"{where}={text}", imex_status=status),
-                    _fake_p2p(data, count, where, text, method))
+                    _fake_p2p(data, count, where, text, method), net)
 
 
 def _only(data: Mapping[str, Any], allowed: Tuple[str, ...], words: str) -> None:
@@ -545,11 +636,76 @@ def _fake_p2p(data: Mapping[str, Any], count: int, where: str, text: str,
                    kernel_driver=kernel)
 
 
+def _address(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise FakeNodeError(f"{key} must be an IP address as a string, got {value!r}")
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise FakeNodeError(f"{key}: {value!r} is not an IPv4 or IPv6 address") from None
+    return value
+
+
+def _fake_net(raw: Any, where: str, text: str, method: str) -> NodeNet:
+    """``{"node_ip": "10.0.1.7", "ifaces": {"ens5": ["10.0.1.7"]}, "ib":
+    {"mlx5_0:1": {"link_layer": "ethernet", "gids": [0, 1]}}}``: the
+    interfaces that are up, Ray's node IP (absent: unknown) and the active
+    RDMA ports (absent: none)."""
+    if not isinstance(raw, Mapping):
+        raise FakeNodeError(f"{where}: net must be an object with {', '.join(_NET_KEYS)}")
+    _only(raw, _NET_KEYS, f"{where}: unknown net key(s)")
+    node_ip = raw.get("node_ip")
+    if node_ip is not None:
+        _address(node_ip, f"{where}: net.node_ip")
+    listed = raw.get("ifaces", {})
+    if not isinstance(listed, Mapping):
+        raise FakeNodeError(f"{where}: net.ifaces must map each interface that is up to its "
+                            "addresses, e.g. {\"ens5\": [\"10.0.1.7\"]}")
+    ifaces = []
+    for name, addresses in listed.items():
+        if not isinstance(name, str) or not _IFACE_NAME.match(name):
+            raise FakeNodeError(f"{where}: net.ifaces: {name!r} is not an interface name (1 to "
+                                "15 characters, no blank, '/', ',' or ':')")
+        if not isinstance(addresses, list):
+            raise FakeNodeError(f"{where}: net.ifaces.{name} must be a list of addresses")
+        ifaces.append((name, tuple(_address(a, f"{where}: net.ifaces.{name}")
+                                   for a in addresses)))
+    return NodeNet(tuple(ifaces), node_ip, _fake_ib(raw.get("ib", {}), where), method,
+                   detail=f"{where}={text}")
+
+
+def _fake_ib(raw: Any, where: str) -> Tuple[IbPort, ...]:
+    if not isinstance(raw, Mapping):
+        raise FakeNodeError(f"{where}: net.ib must map \"HCA:port\" to {{\"link_layer\": "
+                            "..., \"gids\": [...]}")
+    ports = []
+    for key, port in raw.items():
+        hca, _, number = str(key).partition(":")
+        if not _HCA_NAME.match(hca) or not number.isdigit():
+            raise FakeNodeError(f"{where}: net.ib key {key!r} must be \"HCA:port\", e.g. "
+                                "\"mlx5_0:1\"")
+        if not isinstance(port, Mapping):
+            raise FakeNodeError(f"{where}: net.ib.{key} must be an object with "
+                                f"{', '.join(_IB_KEYS)}")
+        _only(port, _IB_KEYS, f"{where}: unknown net.ib.{key} key(s)")
+        layer = port.get("link_layer")
+        if layer not in LINK_LAYERS:
+            raise FakeNodeError(f"{where}: net.ib.{key}.link_layer must be one of "
+                                f"{', '.join(LINK_LAYERS)}, got {layer!r}")
+        gids = port.get("gids", [])
+        if not isinstance(gids, list) or not all(
+                isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gids):
+            raise FakeNodeError(f"{where}: net.ib.{key}.gids must be a list of the GID "
+                                "indices that hold a GID")
+        ports.append(IbPort(hca, int(number), layer, tuple(sorted(set(gids)))))
+    return tuple(ports)
+
+
 # --- A node's facts as JSON (the workers' per-node cache, check's probe actor) ----------
 
 def facts_from_record(kind: str, data: Dict[str, Any]) -> Any:
     """``dataclasses.asdict`` of a ``NodeGpus`` (``gpus``), ``NodeFabric``
-    (``fabric``) or ``NodeP2P`` (``p2p``), read back. Fields this version
+    (``fabric``), ``NodeP2P`` (``p2p``) or ``NodeNet`` (``net``), read back. Fields this version
     does not know are dropped."""
     if kind == GPUS:
         values = _known_fields(NodeGpus, data)
@@ -568,6 +724,16 @@ def facts_from_record(kind: str, data: Dict[str, Any]) -> Any:
         driver = values.get("cuda_driver")
         values["cuda_driver"] = None if driver is None else tuple(driver)
         return NodeP2P(**values)
+    if kind == NET:
+        values = _known_fields(NodeNet, data)
+        ifaces = values.get("ifaces")
+        values["ifaces"] = None if ifaces is None else tuple(
+            (name, tuple(addresses)) for name, addresses in ifaces)
+        ib = values.get("ib")
+        values["ib"] = None if ib is None else tuple(
+            IbPort(**{**_known_fields(IbPort, p), "gids": tuple(p.get("gids") or ())})
+            for p in ib)
+        return NodeNet(**values)
     raise ValueError(f"unknown kind of node fact {kind!r}")
 
 

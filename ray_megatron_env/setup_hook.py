@@ -292,7 +292,7 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     runtime env's ``env_vars``, so is explicit, and so is a pack variable
     whose mark says a runtime env gave it (``given_names``), even where it
     equals the node's; the node's other values are the inherited ones.
-    ``cache(probe, kind)`` returns the node's ``gpus``, ``fabric`` or ``p2p`` facts,
+    ``cache(probe, kind)`` returns the node's ``gpus``, ``fabric``, ``p2p`` or ``net`` facts,
     running ``probe`` only when no worker on the node has.
     """
     if plugin_decided(environ, node_environ):
@@ -302,9 +302,9 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     from .errors import FieldValueError
     from .frameworks import parse_field
     from .node import NodeFacts
-    from .names import FABRIC, P2P
+    from .names import FABRIC, NET, P2P
     from .packs import fact_kinds
-    from .probe import probe_fabric, probe_gpus, probe_p2p
+    from .probe import probe_fabric, probe_gpus, probe_net, probe_p2p
 
     text = _own_field_text(environ, node_environ)
     if not text:
@@ -327,7 +327,9 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     facts = NodeFacts(cache(lambda: probe_gpus(probe_env), "gpus"),
                       cache(lambda: probe_fabric(probe_env), "fabric")
                       if FABRIC in kinds else None,
-                      cache(lambda: probe_p2p(probe_env), "p2p") if P2P in kinds else None)
+                      cache(lambda: probe_p2p(probe_env), "p2p") if P2P in kinds else None,
+                      cache(lambda: probe_net(probe_env, _ray_node_ip()), "net")
+                      if NET in kinds else None)
     if node_environ is None:
         env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:
@@ -342,6 +344,16 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
         else:
             environ.pop(key, None)
     return result.decision
+
+
+def _ray_node_ip() -> Optional[str]:
+    """The address Ray uses for this worker's node (its raylet's), or None."""
+    try:
+        import ray
+
+        return ray._private.worker.global_worker.node_ip_address
+    except Exception:
+        return None
 
 
 def node_environment(pid: Optional[int] = None) -> Optional[Dict[str, str]]:

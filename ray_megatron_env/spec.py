@@ -279,11 +279,17 @@ class Spec:
     # the driver's environment (NeMo-RL's init_ray: env_vars = dict(os.environ)),
     # decided as an inherited value, not kept as the job's explicit one.
     driver_env: Tuple[Tuple[str, str], ...] = ()
+    # (variable, value) pairs of the packs' variables that the framework
+    # itself writes into its workers' env_vars whatever the node (SkyRL's
+    # FLA_TILELANG=1, slime's NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1): like
+    # ``replaces``, a worker carrying exactly that value is decided anew.
+    framework_env: Tuple[Tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, engines: Mapping[str, Engine], **kw: Any) -> "Spec":
         kw["omitted"] = tuple(sorted(dict(kw.get("omitted", ())).items()))
         kw["driver_env"] = tuple(sorted(dict(kw.get("driver_env", ())).items()))
+        kw["framework_env"] = tuple(sorted(dict(kw.get("framework_env", ())).items()))
         return cls(tuple(sorted(engines.items())), **kw)
 
     def roles(self) -> Tuple[str, ...]:
@@ -311,12 +317,14 @@ class Spec:
             out["tp_spans_nodes"] = list(self.tp_spans_nodes)
         if self.driver_env:
             out["driver_env"] = dict(self.driver_env)
+        if self.framework_env:
+            out["framework_env"] = dict(self.framework_env)
         return out
 
     def _job_wide(self) -> Dict[str, Any]:
         """What every narrower spec of this job keeps."""
         return {"packs": self.packs, "tp_spans_nodes": self.tp_spans_nodes,
-                "driver_env": self.driver_env}
+                "driver_env": self.driver_env, "framework_env": self.framework_env}
 
     def narrow(self, roles: Roles, known_roles: Iterable[str] = ()) -> "Spec":
         """Keep only the given roles' engines (``None`` keeps all). A runtime

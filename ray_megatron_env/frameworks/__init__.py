@@ -89,8 +89,19 @@ def read_field(value: Any) -> Tuple[Spec, Tuple[str, ...]]:
 
 
 def _check_driver_env(spec: Spec) -> None:
-    """Each ``driver_env`` variable must be one the job's packs decide
-    (checked here, above the packs; the compact reader sits below them)."""
+    """Each ``driver_env`` variable must be one the job's packs decide, each
+    ``framework_env`` one some pack decides (a reader declares its
+    framework's values whatever packs the job asks for); checked here, above
+    the packs: the compact reader sits below them."""
+    if spec.framework_env:
+        from ..packs import variables_of
+        from ..names import PACK_NAMES
+
+        known = variables_of(PACK_NAMES)
+        for name, _ in spec.framework_env:
+            if name not in known:
+                raise FieldValueError(f"{FIELD}: framework_env names {name!r}, which no pack "
+                                      f"decides; the packs' variables: {', '.join(known)}")
     if not spec.driver_env:
         return
     from ..packs import variables_of

@@ -20,7 +20,7 @@ MAX_ENGINES = 64
 MAX_PROCESS_RULES = 16
 ENGINE_KEYS = ("strategy", "kind", *SIZES, *FLAGS, "checks", *CHOICES)
 TOP_KEYS = ("version", "framework", "engines", "omitted", "processes", "others", "replaces",
-            "packs", "tp_spans_nodes", "driver_env")
+            "packs", "tp_spans_nodes", "driver_env", "framework_env")
 # An env var's value as the driver copied it; '$' is refused because Ray
 # expands $VAR in env_vars values when it starts a worker.
 MAX_DRIVER_VALUE = 4096
@@ -65,23 +65,28 @@ def read_compact(value: Mapping[str, Any]) -> Spec:
                    others=_read_roles(value.get("others"), "others", parsed),
                    replaces=_read_replaces(value.get("replaces")),
                    packs=packs, driver_env=read_driver_env(value.get("driver_env"), packs),
+                   framework_env=read_driver_env(value.get("framework_env"), packs,
+                                                 "framework_env"),
                    tp_spans_nodes=_read_roles(value.get("tp_spans_nodes"), "tp_spans_nodes",
                                               parsed) or ())
 
 
-def read_driver_env(raw: Any, packs: Tuple[str, ...]) -> Tuple[Tuple[str, str], ...]:
+def read_driver_env(raw: Any, packs: Tuple[str, ...],
+                    key: str = "driver_env") -> Tuple[Tuple[str, str], ...]:
     """``driver_env``: variable -> the driver's own value, for variables of
-    the job's packs (``cuda-connections`` and ``packs``)."""
+    the job's packs (``cuda-connections`` and ``packs``); ``framework_env``
+    (``key``), variable -> a framework's own value, read alike."""
     if raw is None:
         return ()
     if not isinstance(raw, Mapping):
-        raise fail_type("driver_env", "a mapping of variable -> the driver's value", raw)
+        whose = "the driver's" if key == "driver_env" else "the framework's own"
+        raise fail_type(key, f"a mapping of variable -> {whose} value", raw)
     # Which pack owns each name is checked where the packs are known
     # (frameworks.read_field): the packs sit above the readers.
     out = []
     for name, text in raw.items():
         if not isinstance(text, str) or len(text) > MAX_DRIVER_VALUE or "$" in text:
-            raise fail_type(f"driver_env.{name}", f"a string of at most {MAX_DRIVER_VALUE} "
+            raise fail_type(f"{key}.{name}", f"a string of at most {MAX_DRIVER_VALUE} "
                             "characters without '$'", text)
         out.append((name, text))
     return tuple(sorted(out))

@@ -198,6 +198,14 @@ _SFT_CHECKED = (
 )
 
 SKYRL_VALUE = "1"
+# prepare_runtime_environment also writes FLA_TILELANG=os.environ.get("FLA_TILELANG", "1")
+# for every Megatron job (same block, same condition): without the driver's own value,
+# SkyRL's "1" (the fla-backend pack decides it anew; a driver's copy is driver_env).
+FLA_VARIABLE = "FLA_TILELANG"
+
+
+def _framework_env(megatron: bool) -> Dict[str, str]:
+    return {FLA_VARIABLE: SKYRL_VALUE} if megatron else {}
 
 
 # --- Reading -------------------------------------------------------------------------
@@ -336,7 +344,8 @@ def read_skyrl(config: Mapping[str, Any]) -> Spec:
     if engine is not None:
         engines["inference_engine"] = engine
     return Spec.of(engines, framework=FRAMEWORK, omitted=omitted,
-                   replaces=SKYRL_VALUE if megatron else None)
+                   replaces=SKYRL_VALUE if megatron else None,
+                   framework_env=_framework_env(megatron))
 
 
 def read_skyrl_sft(config: Mapping[str, Any]) -> Spec:
@@ -349,7 +358,8 @@ def read_skyrl_sft(config: Mapping[str, Any]) -> Spec:
     policy = (_megatron_engine(config, SFT_MCORE, SFT_SIZES_WITHOUT_SECTION) if megatron
               else Engine("fsdp2", FSDP))
     return Spec.of({"policy": policy}, framework=SFT_FRAMEWORK,
-                   replaces=SKYRL_VALUE if megatron else None)
+                   replaces=SKYRL_VALUE if megatron else None,
+                   framework_env=_framework_env(megatron))
 
 
 # --- Override lists -----------------------------------------------------------------

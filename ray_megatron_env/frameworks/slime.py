@@ -105,6 +105,12 @@ MILES = "miles"
 # miles/ray/train/actor_factory.py:38), where it could be theirs.
 MILES_VALUE = "1"
 TRAIN_ENV_VARS = "train_env_vars"
+# Both put NVTE_FP8_BLOCK_SCALING_FP32_SCALES into every train actor's env_vars
+# (slime/ray/actor_group.py: os.environ.get(..., "1"); miles/ray/train/actor_factory.py:
+# the default from the driver's GPU, "1" without one), then --train-env-vars over it: their
+# "1" unless --train-env-vars sets the variable (the te-fp8-scales pack decides it anew).
+FP8_SCALES_VARIABLE = "NVTE_FP8_BLOCK_SCALING_FP32_SCALES"
+FP8_SCALES_VALUE = "1"
 
 # (key, option, argparse settings): the options this reader reads, as slime
 # and Megatron-LM define them. Types and defaults are theirs, so that an
@@ -194,7 +200,17 @@ def read_slime(config: Mapping[str, Any]) -> Spec:
     megatron = backend is None or BACKENDS.get(read_name(backend, "train_backend")) == MEGATRON
     replaces = MILES_VALUE if miles and megatron and user_value != MILES_VALUE else None
     return Spec.of(engines, framework=MILES if miles else NAME, omitted=omitted,
-                   processes=processes, others=others, replaces=replaces)
+                   processes=processes, others=others, replaces=replaces,
+                   framework_env=_fp8_scales(config, train_roles))
+
+
+def _fp8_scales(config: Mapping[str, Any], train_roles: Tuple[str, ...]) -> Dict[str, str]:
+    """The train actors' own NVTE_FP8_BLOCK_SCALING_FP32_SCALES, where the
+    framework writes it (train actors exist, --train-env-vars leaves it)."""
+    given = config.get(TRAIN_ENV_VARS)
+    if not train_roles or (isinstance(given, Mapping) and FP8_SCALES_VARIABLE in given):
+        return {}
+    return {FP8_SCALES_VARIABLE: FP8_SCALES_VALUE}
 
 
 def _train_env_value(env: Any) -> Optional[str]:

@@ -36,14 +36,17 @@ from typing import FrozenSet, Iterable, Tuple
 
 from ..errors import FieldValueError
 from ..values import show
-from ..names import CUDA_CONNECTIONS, FIELD, NCCL_FABRIC, NCCL_HOST_MEM, PACK_NAMES, TORCH_ARCH
-# The shape, re-exported: code outside the package takes it from ``packs``.
+from ..names import (
+    CUDA_CONNECTIONS, FIELD, FLA_BACKEND, NCCL_FABRIC, NCCL_HOST_MEM, NET_IFACES, PACK_NAMES,
+    TE_FP8_SCALES, TORCH_ARCH,
+)
 from .pack import Pack
 
 
 # name -> module under packs/, loaded on first use.
 _MODULES = {CUDA_CONNECTIONS: "connections", NCCL_FABRIC: "nccl_fabric",
-            NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch"}
+            NCCL_HOST_MEM: "nccl_host_mem", TORCH_ARCH: "torch_arch",
+            TE_FP8_SCALES: "te_fp8_scales", FLA_BACKEND: "fla_backend", NET_IFACES: "net_ifaces"}
 
 
 def get_pack(name: str) -> Pack:

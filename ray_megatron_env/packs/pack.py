@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
-
+from ..engines import INFERENCE
+from ..names import TEXT_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..node import NodeFacts
@@ -85,17 +86,18 @@ class Outcome:
 
 def canonical(value: str, variable: str = "") -> str:
     """A variable's value as its library reads it, so that two spellings of
-    one value meet the same rule. NCCL's integer parameters (every NCCL
-    variable a pack owns but NCCL_P2P_LEVEL, a path name NCCL compares with
-    strcmp, which stays as written) as NCCL reads them, ``strtoll(str, NULL, 0)``
-    (src/misc/param.cc ncclLoadParam; src/graph/paths.cc ncclGetLevel uses
+    one value meet the same rule. ``TEXT_VARIABLES`` exactly as written.
+    NCCL's other variables (integer parameters) as NCCL reads them,
+    ``strtoll(str, NULL, 0)`` (src/misc/param.cc ncclLoadParam; src/graph/paths.cc ncclGetLevel uses
     ``strtol(str, NULL, 0)``): ``"0x0"`` is 0, ``"010"`` is 8, trailing text
     ignored; empty is NCCL's default and stays ``""``. Any other variable
     (``CUDA_DEVICE_MAX_CONNECTIONS``, read by the closed-source CUDA driver):
     a decimal integer (``"01"`` is 1, ``" 0"`` is 0); anything else exactly
     as written (``"8.0 "`` is not ``"8.0"`` to PyTorch: it ends in an empty
     entry)."""
-    if variable.startswith("NCCL_") and variable != "NCCL_P2P_LEVEL" and value != "":
+    if variable in TEXT_VARIABLES:
+        return value
+    if variable.startswith("NCCL_") and value != "":
         from .nccl_params import nccl_param
 
         number = nccl_param(value, None)
@@ -104,6 +106,13 @@ def canonical(value: str, variable: str = "") -> str:
         return str(int(value.strip()))
     except ValueError:
         return value
+
+
+def trains(spec: Spec) -> bool:
+    """The worker runs a trainer: some engine of its spec is not an
+    inference engine (the processes that run Transformer Engine's recipes
+    and fla's backward kernels)."""
+    return any(engine.kind != INFERENCE for _, engine in spec.engines)
 
 
 @dataclass(frozen=True)

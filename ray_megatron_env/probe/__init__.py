@@ -1,7 +1,7 @@
 """The hardware edge: what a node is, read from the node itself.
 
 One entry per kind of fact (``probe_gpus``, ``probe_fabric``,
-``probe_p2p``; ``probe_node`` for several), each trying its sources in
+``probe_p2p``, ``probe_net``; ``probe_node`` for several), each trying its sources in
 order: a faked node (``fake``), NVML (``nvml``), the driver's tools
 (``smi``), the kernel's listings (``listings``). The promise kept here, for
 every kind: it never raises, and never waits longer than its bounds. Any
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Collection, List, Mapping, Sequence
+from typing import Any, Collection, List, Mapping, Optional, Sequence
 
-from ..node import ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeGpus, NodeP2P
+from ..node import ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeGpus, NodeNet, NodeP2P
 from ..names import (
-    DEVICE_ROOT_VARIABLE as ROOT_VARIABLE, FABRIC, FAKE_GPUS_VARIABLE as FAKE_VARIABLE, P2P,
+    DEVICE_ROOT_VARIABLE as ROOT_VARIABLE, FABRIC, FAKE_GPUS_VARIABLE as FAKE_VARIABLE, NET, P2P,
     PROBE_METHOD_VARIABLE as METHOD_VARIABLE,
 )
-from . import fake, listings, nvml as nvml_source, smi
+from . import fake, listings, net as net_source, nvml as nvml_source, smi
 from .common import (
     Absent, clip, METHODS, NVML_TIMEOUT_S, ProbeError, SMI_TIMEOUT_S, VisibilityError,
 )
@@ -30,8 +30,8 @@ from .listings import imex_channel
 from .smi import IMEX_CTL, IMEX_TIMEOUT_S, parse_imex_domain, parse_smi_fabric
 
 __all__ = ["FAKE_VARIABLE", "METHOD_VARIABLE", "ROOT_VARIABLE", "imex_channel",
-           "parse_imex_domain", "parse_smi_fabric", "probe_fabric", "probe_gpus", "probe_node",
-           "probe_p2p"]
+           "parse_imex_domain", "parse_smi_fabric", "probe_fabric", "probe_gpus", "probe_net",
+           "probe_node", "probe_p2p"]
 
 
 def probe_gpus(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
@@ -142,8 +142,31 @@ def probe_p2p(environ: Mapping[str, str] = os.environ, *, nvml: Any = None,
         return NodeP2P(None, method="probe", error=f"unexpected {type(exc).__name__}: {exc}")
 
 
-def probe_node(kinds: Collection[str] = (), environ: Mapping[str, str] = os.environ) -> NodeFacts:
+def probe_net(environ: Mapping[str, str] = os.environ,
+              node_ip: Optional[str] = None) -> NodeNet:
+    """The interfaces that are up with their addresses, the RDMA ports, and
+    ``node_ip``, the address Ray gave this node (the caller knows it: the
+    agent's command line, a worker's Ray connection). A faked node's
+    ``net`` stands for all three. Never raises; nothing here can wait."""
+    try:
+        try:
+            faked = fake.read(environ)
+        except FakeNodeError as exc:
+            return NodeNet(None, node_ip, method="fake", error=str(exc))
+        if faked is not None and faked.net is not None:
+            return faked.net
+        try:
+            return net_source.read_net(environ, node_ip)
+        except OSError as exc:
+            return NodeNet(None, node_ip, error=net_source.describe_failure(exc))
+    except Exception as exc:  # a bug here must not fail every worker start
+        return NodeNet(None, node_ip, error=f"unexpected {type(exc).__name__}: {exc}")
+
+
+def probe_node(kinds: Collection[str] = (), environ: Mapping[str, str] = os.environ,
+               node_ip: Optional[str] = None) -> NodeFacts:
     """The GPUs and each other kind of fact in ``kinds`` (``fabric``,
-    ``p2p``: what a job's packs read), uncached."""
+    ``p2p``, ``net``: what a job's packs read), uncached."""
     return NodeFacts(probe_gpus(environ), probe_fabric(environ) if FABRIC in kinds else None,
-                     probe_p2p(environ) if P2P in kinds else None)
+                     probe_p2p(environ) if P2P in kinds else None,
+                     probe_net(environ, node_ip) if NET in kinds else None)

@@ -220,10 +220,12 @@ def test_the_record_has_one_entry_per_pack_variable():
 
 
 def test_pack_names_are_checked_with_the_known_ones_listed():
-    assert PACK_NAMES == ("cuda-connections", "nccl-fabric", "nccl-host-mem", "torch-arch")
+    assert PACK_NAMES == ("cuda-connections", "nccl-fabric", "nccl-host-mem", "torch-arch",
+                          "te-fp8-scales", "fla-backend", "net-ifaces")
     assert read_packs(["nccl-fabric", "cuda-connections", "nccl-fabric"]) == ("nccl-fabric",)
     with pytest.raises(FieldValueError, match="known packs: cuda-connections, nccl-fabric, "
-                                              "nccl-host-mem, torch-arch"):
+                                              "nccl-host-mem, torch-arch, te-fp8-scales, "
+                                              "fla-backend, net-ifaces"):
         build_runtime_env(MEGATRON_TP2, packs=["nccl-fabrik"])
     with pytest.raises(FieldValueError, match="packs names unknown"):
         parse_field({**MEGATRON_TP2, "packs": ["mnnvl"]})
