@@ -18,7 +18,7 @@ exact process rule on ``CLUSTER_NAME``, named as ROLL names the cluster
 actors (schedulers, env managers, rule-based reward workers) run no GPU
 engine: they are ``others`` with no role, and keep what they inherit. A
 section whose cluster the pipeline never creates is ``omitted``, with why
-(``_started``).
+(``_not_started``).
 
 ROLL never sets CUDA_DEVICE_MAX_CONNECTIONS for Megatron (its SGLang patches
 set 4 inside the SGLang process, ``roll/third_party/sglang/*/engine.py``),
@@ -37,13 +37,15 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import (CONNECTIONS_VARIABLE, DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY,
-                       FLEX_BACKEND_KEY, FSDP, INFERENCE, MEGATRON, MOE_OVERLAP_KEY)
+from ..engines import FSDP, INFERENCE, MEGATRON, CONNECTIONS_VARIABLE
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
-from ..values import (FIELD, fail_type, lookup, parse_connections, read_flag, read_name,
-                      read_size, read_token)
+from ..values import (FIELD, fail_type, parse_connections, read_flag, read_name, read_size,
+                      read_token)
 from .chain import load_link
 from .reader import Reader
+
+from ..engines import DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, MOE_OVERLAP_KEY
+from ..values import lookup
 
 FRAMEWORK = "roll"
 MARKER_VARIABLE = "CLUSTER_NAME"
