@@ -98,10 +98,38 @@ def _load_yaml(path: str) -> Any:
     if not os.path.isfile(path):
         raise FieldValueError(f"{FIELD}: config file {path!r} does not exist")
     try:
-        return OmegaConf.load(path)
+        loaded = OmegaConf.load(path)
     except Exception as exc:
         raise FieldValueError(f"{FIELD}: cannot load config file {path!r}: "
                               f"{type(exc).__name__}: {exc}") from None
+    _refuse_a_plain_string(path, loaded)
+    return loaded
+
+
+def _refuse_a_plain_string(path: str, loaded: Any) -> None:
+    """OmegaConf loads a file that YAML reads as one string (a command line
+    pasted into a file) as ``{that string: None}``; say what it is instead
+    of showing the string as the config's top-level keys."""
+    from omegaconf import DictConfig
+
+    if not isinstance(loaded, DictConfig) or len(loaded) != 1:
+        return
+    (key,) = loaded.keys()
+    if not isinstance(key, str) or loaded._get_node(key)._value() is not None:
+        return
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            plain = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    if isinstance(plain, str):
+        first = plain.split()[0] if plain.split() else plain
+        raise FieldValueError(
+            f"{FIELD}: config file {path!r} holds plain text, which YAML reads as one string "
+            f"(it starts {first[:60]!r}), not a mapping or a list: a framework's arguments go "
+            "in a YAML or JSON list of strings, SkyRL's overrides as key=value lines")
 
 
 def _pluck_omegaconf(config: Any) -> Mapping[str, Any]:

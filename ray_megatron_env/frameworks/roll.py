@@ -12,11 +12,13 @@ goes straight into mcore_adapter's ``TrainingArguments``
 Every worker of a role is a Ray actor whose own ``env_vars`` carry
 ``CLUSTER_NAME=<the cluster's name>`` with the role's ``system_envs`` on top
 (``roll/distributed/executor/cluster.py:127-142``), so each role gets one
-exact process rule on ``CLUSTER_NAME``. Names are exact because one can
-begin another (``reward-math`` and ``reward-math_rule``). The driver and
-ROLL's CPU-only actors (schedulers, env managers, rule-based reward workers)
-run no GPU engine: they are ``others`` with no role, and keep what they
-inherit.
+exact process rule on ``CLUSTER_NAME``, named as ROLL names the cluster
+(``_cluster_name``). Names are exact because one can begin another
+(``reward-math`` and ``reward-math_rule``). The driver and ROLL's CPU-only
+actors (schedulers, env managers, rule-based reward workers) run no GPU
+engine: they are ``others`` with no role, and keep what they inherit. A
+section whose cluster the pipeline never creates is ``omitted``, with why
+(``_not_started``).
 
 ROLL never sets CUDA_DEVICE_MAX_CONNECTIONS for Megatron (its SGLang patches
 set 4 inside the SGLang process, ``roll/third_party/sglang/*/engine.py``),
@@ -29,16 +31,24 @@ Megatron-LM's ``validate_args``: every row is a preference.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
-from ..engines import FSDP, INFERENCE, MEGATRON
+from ..engines import (
+    DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE, MEGATRON,
+    MOE_OVERLAP_KEY,
+)
 from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
-from ..values import fail_type, parse_connections, read_flag, read_name, read_size, read_token
+from ..values import (
+    fail_type, lookup, parse_connections, read_flag, read_name, read_size, read_token,
+)
 from .chain import load_link
 from .reader import Reader
+
 
 FRAMEWORK = "roll"
 MARKER_VARIABLE = "CLUSTER_NAME"
@@ -65,22 +75,49 @@ DEFAULT_STRATEGY = "fsdp2_train"
 SIZE_KEYS = (("tensor_parallel", "tensor_model_parallel_size"),
              ("context_parallel", "context_parallel_size"),
              ("expert_parallel", "expert_model_parallel_size"))
-DISPATCHER_KEY = "moe_token_dispatcher_type"  # allgather (default) or alltoall
+DISPATCHER_KEY = DISPATCHER_TYPE_KEY  # allgather (default) or alltoall
+# strategy_config.additional_configs (a dict, or a JSON file's path): mcore_adapter's
+# McaModelConfig.update_with_args (models/model_config.py:137-160) sets each key
+# on the model's TransformerConfig, then every DistributingParallelArguments
+# field that strategy_config gives (not None) over it. So a size there counts
+# only where strategy_config leaves it None; the dispatcher type (a field
+# with the default "allgather") never; the MoE A2A overlap flag and the flex
+# backend keys (no such fields) always. Its pipeline_model_parallel_comm_backend
+# never reaches initialize_model_parallel (mcore_adapter/initialize.py passes
+# only the sizes), so Megatron-Core's UCC assert never sees it: not read.
+ADDITIONAL = "additional_configs"
 # vLLM's TP size (worker_config.py:285), read for the nccl-fabric pack.
 VLLM_TP_KEY = "tensor_parallel_size"
 
 # (role, cluster name) of the fixed sections: PPOConfig.__post_init__
-# (base_config.py:650-653), AgenticConfig (agentic_config.py:295),
-# DPOConfig, SFTConfig, DistillConfig (distill_config.py:134-135).
+# (base_config.py:650-653), AgenticConfig (agentic_config.py:294-295: the
+# reward keeps a name of its own), DPOConfig, SFTConfig, DistillConfig
+# (distill_config.py:134-135).
 FIXED = (("actor_train", "actor_train"), ("actor_infer", "actor_infer"),
          ("reference", "reference"), ("critic", "critic"), ("reward", "reward"),
          ("sft_train", "sft_train"), ("student", "student"))
 OPD_STUDENT = (("student_train", "student_train"), ("student_infer", "student_infer"))
 REWARDS = "rewards"          # RLVRConfig.rewards: key -> cluster "reward-<key>"
 REWARD_MODEL = "reward_model"  # RLVRConfig.reward_model: cluster named by its own name
+REWARD = "reward"            # AgenticConfig.reward: its name, else "reward"
 TEACHER = "teacher"
 ROLES = (*(role for role, _ in FIXED), *(role for role, _ in OPD_STUDENT), REWARD_MODEL,
          f"{REWARDS}.<key>", TEACHER, f"{TEACHER}.<name>")
+# BaseConfig.__post_init__ (base_config.py:354-366) copies the top-level
+# system_envs into these roles' (and OPD's teachers') where they lack a key.
+INHERIT_SYSTEM_ENVS = ("actor_train", "actor_infer", "reference", "critic", "student_train",
+                       "student_infer")
+
+# PPOConfig's switches for which roles start (base_config.py:548-577, 654-656):
+# the reference when enable_reference, use_kl_loss, or init_kl_coef > 0
+# (default 0.2); the critic when adv_estimator == "gae" (the default).
+KL_KEYS = ("enable_reference", "use_kl_loss", "init_kl_coef")
+INIT_KL_DEFAULT = 0.2
+ADV_ESTIMATOR = "adv_estimator"
+GAE = "gae"
+LORA = "actor_train.model_args.lora_target"
+# AgenticConfig's own sections; an RLVR config has none of them.
+AGENTIC_KEYS = ("custom_envs", "train_env_manager", "val_env_manager")
 
 # WorkerConfig fields: a ``teacher`` mapping with one of them is one teacher,
 # otherwise a dict of named teachers (PPOConfig.teacher's Union).
@@ -91,8 +128,9 @@ _WORKER_KEYS = ("strategy_args", "model_args", "device_mapping", "training_args"
 _SECTION_KEYS = ("strategy_args", "system_envs")
 PATHS: Tuple[str, ...] = (
     *(f"{role}.{key}" for role, _ in (*FIXED, *OPD_STUDENT) for key in _SECTION_KEYS),
-    *(f"{REWARD_MODEL}.{key}" for key in (*_SECTION_KEYS, "name")),
-    REWARDS, TEACHER, "system_envs", "is_pure_opd", "use_opd",
+    *(f"{role}.{key}" for role in (REWARD, REWARD_MODEL) for key in ("name", "device_mapping")),
+    *(f"{REWARD_MODEL}.{key}" for key in _SECTION_KEYS),
+    REWARDS, TEACHER, "system_envs", "is_pure_opd", "use_opd", *KL_KEYS, ADV_ESTIMATOR, LORA,
 )
 MARKERS = ("actor_train.strategy_args", "actor_infer.strategy_args",
            "student_train.strategy_args", "student.strategy_args", "sft_train.strategy_args")
@@ -100,14 +138,20 @@ MARKERS = ("actor_train.strategy_args", "actor_infer.strategy_args",
 
 def read_roll(config: Mapping[str, Any]) -> Spec:
     """Engines and per-role process rules of a composed ROLL config."""
-    _check_user_value(config.get("system_envs"), "system_envs")
+    top_envs = config.get("system_envs")
+    _check_user_value(top_envs, "system_envs")
     sections, omitted = _sections(config)
+    # OPD's teachers get the top-level system_envs too (as _reference_configs);
+    # a DistillConfig has no actor_train, so BaseConfig copies nothing there.
+    inherits = () if config.get("student") is not None else (
+        *INHERIT_SYSTEM_ENVS, *(role for role in sections if role.split(".")[0] == TEACHER))
     engines: Dict[str, Engine] = {}
     names: Dict[str, str] = {}
     for role, (section, cluster) in sections.items():
         engine = _engine(section, role)
         if engine is None:
             continue  # no strategy_args: a CPU worker (rule-based rewards), no engine
+        cluster = _cluster_name(section, role, cluster, top_envs, inherits)
         if cluster in names.values():
             other = next(r for r, c in names.items() if c == cluster)
             raise FieldValueError(f"{FIELD}: {other} and {role} would both be ROLL cluster "
@@ -123,14 +167,37 @@ def read_roll(config: Mapping[str, Any]) -> Spec:
                    others=() if processes else None)
 
 
+def _cluster_name(section: Mapping[str, Any], role: str, cluster: str, top_envs: Any,
+                  inherits: Tuple[str, ...]) -> str:
+    """The CLUSTER_NAME the role's workers carry: Cluster puts the cluster's
+    name in their env_vars and then the role's system_envs over it
+    (cluster.py:135-142), so a CLUSTER_NAME there (the role's own, or the
+    top-level one ROLL copies into the role) is the one they carry."""
+    own = section.get("system_envs") or {}
+    if MARKER_VARIABLE in own:
+        return read_token(own[MARKER_VARIABLE], f"{role}.system_envs.{MARKER_VARIABLE}")
+    if role in inherits and isinstance(top_envs, Mapping) and MARKER_VARIABLE in top_envs:
+        return read_token(top_envs[MARKER_VARIABLE], f"system_envs.{MARKER_VARIABLE}")
+    return cluster
+
+
 def _flag(config: Mapping[str, Any], key: str) -> bool:
     value = config.get(key)
     return value is not None and read_flag(value, key)
 
 
+def _number(config: Mapping[str, Any], key: str, default: float) -> float:
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail_type(key, "a number", value)
+    return value
+
+
 def _sections(config: Mapping[str, Any]
               ) -> Tuple[Dict[str, Tuple[Mapping[str, Any], str]], Dict[str, str]]:
-    """Role -> (its section, the CLUSTER_NAME ROLL gives it), and role -> why
+    """Role -> (its section, the cluster name ROLL gives it), and role -> why
     a section present is not started under its own name."""
     out: Dict[str, Tuple[Mapping[str, Any], str]] = {}
     omitted: Dict[str, str] = {}
@@ -150,6 +217,10 @@ def _sections(config: Mapping[str, Any]
     pure_opd = not distill and (_flag(config, "is_pure_opd")
                                 or config.get("student_train") is not None)
     opd = pure_opd or (not distill and _flag(config, "use_opd"))
+    # RLVRPipeline and AgenticPipeline (a PPOConfig with an inference role);
+    # DPO, SFT and distillation start every section they have.
+    ppo = not distill and (opd or config.get("actor_infer") is not None)
+    agentic = ppo and any(key in config for key in AGENTIC_KEYS)
     for role, cluster in FIXED:
         if pure_opd and role in ("actor_train", "actor_infer") and config.get(role) is not None:
             omitted[role] = f"pure OPD: student_{role.split('_')[1]} runs instead"
@@ -157,6 +228,14 @@ def _sections(config: Mapping[str, Any]
         if opd and role == "reference" and config.get(role) is not None:
             omitted[role] = "OPD: the teacher runs as the reference"
             continue
+        why = _not_started(config, role, ppo, agentic, pure_opd) \
+            if config.get(role) is not None else None
+        if why:
+            omitted[role] = why
+            continue
+        if role == REWARD and agentic and isinstance(config.get(role), Mapping):
+            name = config[role].get("name")
+            cluster = cluster if name is None else read_name(name, f"{REWARD}.name")
         take(role, cluster)
     if pure_opd:
         for role, cluster in OPD_STUDENT:
@@ -176,12 +255,21 @@ def _sections(config: Mapping[str, Any]
             role = f"{REWARDS}.{key}"
             if not isinstance(section, Mapping):
                 raise fail_type(role, "a mapping (a ROLL RewardConfig section)", section)
+            if agentic:
+                omitted[role] = "the agentic pipeline starts no rewards clusters"
+                continue
             out[role] = (section, f"reward-{key}")  # rlvr_pipeline.py:233
     model = config.get(REWARD_MODEL)
     if model is not None:
         if not isinstance(model, Mapping):
             raise fail_type(REWARD_MODEL, "a mapping (a ROLL WorkerConfig section)", model)
-        if model.get("strategy_args") is not None:
+        if agentic:
+            omitted[REWARD_MODEL] = "the agentic pipeline starts no reward_model cluster"
+        elif not _devices(model, REWARD_MODEL):
+            # rlvr_pipeline.py:245-256: only with a non-empty device_mapping
+            omitted[REWARD_MODEL] = (f"{REWARD_MODEL}.device_mapping is empty: RLVRPipeline "
+                                     "starts no reward model cluster")
+        elif model.get("strategy_args") is not None:
             # rlvr_pipeline.py:251 names the cluster by reward_model.name, which
             # has no default (WorkerConfig.name is None).
             name = model.get("name")
@@ -192,6 +280,84 @@ def _sections(config: Mapping[str, Any]
     for role, (section, _) in out.items():
         _check_user_value(section.get("system_envs"), f"{role}.system_envs")
     return out, omitted
+
+
+def _not_started(config: Mapping[str, Any], role: str, ppo: bool, agentic: bool,
+                 pure_opd: bool) -> Optional[str]:
+    """Why a PPO pipeline never creates this fixed section's cluster, or None."""
+    if not ppo:
+        return None
+    if role == "reference":
+        kl = _flag(config, "enable_reference") or _flag(config, "use_kl_loss") \
+            or _number(config, "init_kl_coef", INIT_KL_DEFAULT) > 0
+        if not kl:
+            return ("enable_reference is off: use_kl_loss is false and init_kl_coef is 0 "
+                    "(PPOConfig.__post_init__)")
+        found, lora = lookup(config, LORA, strict=False)
+        if agentic and found and lora is not None:
+            # AgenticPipeline (agentic_pipeline.py:53-62): LoRA's reference is
+            # the actor itself. RLVRPipeline does the same, but RLVRVLMPipeline,
+            # on the same config class, starts it: an RLVR config keeps it.
+            return f"LoRA ({LORA}): the agentic pipeline uses the actor as the reference"
+        return None
+    if role == "critic":
+        estimator = "reinforce" if pure_opd else config.get(ADV_ESTIMATOR)
+        estimator = GAE if estimator is None else read_name(estimator, ADV_ESTIMATOR)
+        if estimator != GAE:
+            return f"{ADV_ESTIMATOR} is {estimator!r}: the critic runs only for 'gae'"
+        return None
+    if role == REWARD:
+        if not agentic:
+            return "RLVRPipeline starts no 'reward' cluster (its rewards are rewards.<key>)"
+        section = config[role]
+        if isinstance(section, Mapping) and section.get("device_mapping") is None:
+            raise FieldValueError(
+                f"{FIELD}: {REWARD}.device_mapping is missing; ROLL's AgenticPipeline takes its "
+                "length (agentic_pipeline.py:115-118) and fails without it: give the reward "
+                "model's GPUs, or remove the reward section")
+        if not _devices(section, REWARD):
+            # agentic_pipeline.py:115-125: only with a non-empty device_mapping
+            return f"{REWARD}.device_mapping is empty: AgenticPipeline starts no reward cluster"
+    return None
+
+
+def _devices(section: Any, role: str) -> bool:
+    """Whether the section's device_mapping names any device: ROLL evaluates
+    the string (WorkerConfig.__post_init__: ``eval(device_mapping)``); its
+    examples write ``list(range(a,b))``, ``[0, 1]`` and sums of them. A form
+    beyond those counts as naming devices: the role is then listed, which
+    only costs a rule no worker matches."""
+    mapping = section.get("device_mapping") if isinstance(section, Mapping) else None
+    if mapping is None:
+        return False
+    if isinstance(mapping, (list, tuple)):
+        return bool(mapping)
+    try:
+        return _count(ast.parse(str(mapping).strip(), mode="eval").body) > 0
+    except (SyntaxError, ValueError, TypeError):
+        return True
+
+
+def _count(node: ast.AST) -> int:
+    """How many devices a device_mapping expression names."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return len(node.elts)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _count(node.left) + _count(node.right)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        if node.func.id in ("list", "tuple") and len(node.args) == 1:
+            return _count(node.args[0])
+        if node.func.id == "range" and 1 <= len(node.args) <= 3:
+            return len(range(*(_integer(arg) for arg in node.args)))
+    raise ValueError("not a device list")
+
+
+def _integer(node: ast.AST) -> int:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_integer(node.operand)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    raise ValueError("not an integer")
 
 
 def _teachers(value: Any) -> Dict[str, Tuple[Mapping[str, Any], str]]:
@@ -255,11 +421,41 @@ def _engine(section: Mapping[str, Any], role: str) -> Optional[Engine]:
                       else read_size(tp, f"{where}.{VLLM_TP_KEY}"))
     if kind != MEGATRON:
         return Engine(strategy, kind)
-    sizes = {attr: read_size(settings[k], f"{where}.{k}")
-             for attr, k in SIZE_KEYS if settings.get(k) is not None}
-    dispatcher = read_dispatcher(settings.get(DISPATCHER_KEY), None, None,
-                                 (f"{where}.{DISPATCHER_KEY}", "", ""))
-    return Engine(strategy, kind, dispatcher=dispatcher, **sizes)
+    extra, extra_key = _additional(settings.get(ADDITIONAL), f"{where}.{ADDITIONAL}")
+    sizes = {}
+    for attr, k in SIZE_KEYS:
+        if settings.get(k) is not None:
+            sizes[attr] = read_size(settings[k], f"{where}.{k}")
+        elif extra.get(k) is not None:
+            sizes[attr] = read_size(extra[k], f"{extra_key}.{k}")
+    dispatcher = read_dispatcher(settings.get(DISPATCHER_KEY), extra.get(FLEX_BACKEND_KEY),
+                                 extra.get(ENABLE_DEEPEP_KEY),
+                                 (f"{where}.{DISPATCHER_KEY}", f"{extra_key}.{FLEX_BACKEND_KEY}",
+                                  f"{extra_key}.{ENABLE_DEEPEP_KEY}"))
+    flags = {}
+    if extra.get(MOE_OVERLAP_KEY) is not None:
+        flags["moe_overlap"] = read_flag(extra[MOE_OVERLAP_KEY], f"{extra_key}.{MOE_OVERLAP_KEY}")
+    return Engine(strategy, kind, dispatcher=dispatcher, **sizes, **flags)
+
+
+def _additional(value: Any, key: str) -> Tuple[Mapping[str, Any], str]:
+    """strategy_config.additional_configs: a mapping, or the path of a JSON
+    file holding one (TrainingArguments.__post_init__ loads it), read here
+    when this machine has it; (the mapping, where to say it came from)."""
+    if value is None:
+        return {}, key
+    if isinstance(value, str):
+        try:
+            with open(value, encoding="utf-8") as handle:
+                loaded = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise FieldValueError(
+                f"{FIELD}: {key} names {value!r}, which cannot be read here ({exc}); mcore_adapter "
+                "loads it on each worker: write its keys into the config instead") from None
+        value, key = loaded, f"{key} ({value})"
+    if not isinstance(value, Mapping):
+        raise fail_type(key, "a mapping of Megatron-Core TransformerConfig keys", value)
+    return value, key
 
 
 # --- Composing the YAML as ROLL's entry points do -----------------------------------

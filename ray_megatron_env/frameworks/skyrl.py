@@ -65,6 +65,18 @@ ENGINE = "generator.inference_engine"
 # run_engines_locally True, num_engines 1 (config.py, class InferenceEngineConfig).
 ENGINE_DEFAULTS = (("backend", "vllm"), ("tensor_parallel_size", 1),
                    ("run_engines_locally", True), ("num_engines", 1))
+# Either set (not None), build_new_inference_client (backends/skyrl_train/
+# inference_servers/setup.py) uses those servers and starts no vLLM engine
+# of its own; run_engines_locally=false without them is refused by
+# validate_cfg (utils.py, _validate_new_inference_cfg).
+EXTERNAL_KEYS = ("external_proxy_url", "external_server_urls")
+# FullyAsyncConfig.simulate_training (False): BasePPOExp._setup_trainer
+# (entrypoints/main_base.py) then skips trainer.build_models, so no policy,
+# ref or critic worker starts; only the inference engines run.
+SIMULATE = "trainer.fully_async.simulate_training"
+_FULLY_ASYNC_FIELDS = ("enabled", "max_staleness_steps", "num_parallel_generation_workers",
+                       "sample_full_batch", "clear_kv_cache_on_weight_sync", "simulate_training",
+                       "simulate_training_step_seconds", "simulate_weight_sync_seconds")
 ENGINE_BACKENDS = ("vllm",)  # the docstring's only value; validate_megatron_cfg asserts it
 
 # MegatronConfig's first-class keys read here; each defaults to 1, the
@@ -112,7 +124,7 @@ _ENGINE_FIELDS = (
     "engine_init_kwargs", "speculative_config", "external_proxy_url", "external_server_urls",
     "enable_pd", "num_prefill", "prefill_init_kwargs", "decode_init_kwargs",
     "router_init_kwargs")
-_TRAINER_READ = ("strategy", "policy", "ref", "critic", "algorithm")
+_TRAINER_READ = ("strategy", "policy", "ref", "critic", "algorithm", "fully_async")
 _TRAINER_FIELDS = (
     "placement", "use_expandable_segments", "sequence_parallel_backend", "strategy", "policy",
     "ref", "critic", "algorithm", "mtp", "fully_async", "gradient_checkpointing",
@@ -153,8 +165,9 @@ _CHECKED = (
                                     "sequence_parallel_size", "model_config_kwargs")),
     ("trainer.critic.model", ("path",), ("path", "lora", "fake_int4_qat")),
     ("trainer.algorithm", ("use_kl_loss", "use_kl_in_reward"), _ALGORITHM_FIELDS),
+    ("trainer.fully_async", ("simulate_training",), _FULLY_ASYNC_FIELDS),
     ("generator", ("inference_engine",), ("inference_engine",)),
-    (ENGINE, tuple(key for key, _ in ENGINE_DEFAULTS), _ENGINE_FIELDS),
+    (ENGINE, (*(key for key, _ in ENGINE_DEFAULTS), *EXTERNAL_KEYS), _ENGINE_FIELDS),
     (POLICY_MCORE, (*KWARG_SIZES, DISPATCHER_TYPE_KEY, KWARGS), _MEGATRON_FIELDS),
     (REF_MCORE, (*KWARG_SIZES, DISPATCHER_TYPE_KEY, KWARGS), _MEGATRON_FIELDS),
 )
@@ -162,8 +175,8 @@ _CHECKED = (
 # What the driver must resolve in a DictConfig or dataclass (whole
 # megatron_config sections: the misspelling check reads their keys).
 PATHS: Tuple[str, ...] = (
-    STRATEGY, POLICY_MCORE, REF_MCORE, USE_KL_LOSS, USE_KL_IN_REWARD, CRITIC_PATH,
-    *(f"{ENGINE}.{key}" for key, _ in ENGINE_DEFAULTS))
+    STRATEGY, POLICY_MCORE, REF_MCORE, USE_KL_LOSS, USE_KL_IN_REWARD, CRITIC_PATH, SIMULATE,
+    *(f"{ENGINE}.{key}" for key, _ in ENGINE_DEFAULTS), *(f"{ENGINE}.{key}" for key in EXTERNAL_KEYS))
 
 # --- SFT (skyrl.train.main_sft, SFTConfig) -------------------------------------------
 
@@ -294,10 +307,16 @@ def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def _inference_engine(config: Mapping[str, Any], omitted: Dict[str, str]) -> Optional[Engine]:
     values = {key: _get(config, f"{ENGINE}.{key}", default) for key, default in ENGINE_DEFAULTS}
-    if not read_flag(values["run_engines_locally"], f"{ENGINE}.run_engines_locally"):
-        omitted["inference_engine"] = (f"{ENGINE}.run_engines_locally is false: SkyRL uses "
-                                       "external servers, which this job does not start")
+    external = [key for key in EXTERNAL_KEYS if _get(config, f"{ENGINE}.{key}", None) is not None]
+    if external:
+        omitted["inference_engine"] = (f"{ENGINE}.{external[0]} is set: SkyRL uses servers "
+                                       "outside this job and starts no vLLM engine")
         return None
+    if not read_flag(values["run_engines_locally"], f"{ENGINE}.run_engines_locally"):
+        raise FieldValueError(
+            f"{FIELD}: {ENGINE}.run_engines_locally is false without {ENGINE}."
+            f"{EXTERNAL_KEYS[0]} or {EXTERNAL_KEYS[1]}; SkyRL refuses that too "
+            "(validate_cfg: run_engines_locally=false requires one of them)")
     count = values["num_engines"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise fail_type(f"{ENGINE}.num_engines", "an integer from 0", count)
@@ -322,24 +341,35 @@ def read_skyrl(config: Mapping[str, Any]) -> Spec:
                       DeprecationWarning, stacklevel=2)
     megatron = STRATEGIES[strategy] == MEGATRON
     engines: Dict[str, Engine] = {}
-    omitted: Dict[str, str] = {}
-    engines["policy"] = (_megatron_engine(config, POLICY_MCORE) if megatron
-                         else Engine("fsdp2", FSDP))
+    # A SkyRLTrainConfig subclass's own sections (main_harbor.py's
+    # harbor_trial_config) hold no model: named in the record, not read.
+    omitted: Dict[str, str] = {
+        key: "a section of a SkyRLTrainConfig subclass, not SkyRL's: not read"
+        for key in map(str, config) if key not in TOP_KEYS and _NAME.match(key)}
+    critic = _get(config, CRITIC_PATH, None)
+    critic = critic not in (None, "")
+    if critic and megatron:
+        # validate_megatron_cfg: "only GRPO training is currently supported for megatron"
+        raise FieldValueError(f"{FIELD}: {CRITIC_PATH} is set with {STRATEGY}=megatron; "
+                              "SkyRL refuses a critic under Megatron (validate_megatron_cfg)")
+    kl = _flag(config, USE_KL_LOSS, True) or _flag(config, USE_KL_IN_REWARD, False)
+    if _flag(config, SIMULATE, False):
+        why = f"{SIMULATE} is true: SkyRL builds no trainer models (BasePPOExp._setup_trainer)"
+        omitted.update({"policy": why, **({"ref": why} if kl else {}),
+                        **({"critic": why} if critic else {})})
+    else:
+        engines["policy"] = (_megatron_engine(config, POLICY_MCORE) if megatron
+                             else Engine("fsdp2", FSDP))
+        if critic:
+            engines["critic"] = Engine("fsdp2", FSDP)  # CriticConfig: FSDP only
     # The ref exists when KL is used (RefConfig's docstring; main_base builds
     # it for use_kl_loss or use_kl_in_reward). It runs trainer.strategy with
     # its OWN megatron_config (default MegatronConfig(): all sizes 1).
-    if _flag(config, USE_KL_LOSS, True) or _flag(config, USE_KL_IN_REWARD, False):
+    if not kl:
+        omitted["ref"] = f"{USE_KL_LOSS} and {USE_KL_IN_REWARD} are false"
+    elif "policy" in engines:
         engines["ref"] = (_megatron_engine(config, REF_MCORE) if megatron
                           else Engine("fsdp2", FSDP))
-    else:
-        omitted["ref"] = f"{USE_KL_LOSS} and {USE_KL_IN_REWARD} are false"
-    critic = _get(config, CRITIC_PATH, None)
-    if critic not in (None, ""):
-        if megatron:
-            # validate_megatron_cfg: "only GRPO training is currently supported for megatron"
-            raise FieldValueError(f"{FIELD}: {CRITIC_PATH} is set with {STRATEGY}=megatron; "
-                                  "SkyRL refuses a critic under Megatron (validate_megatron_cfg)")
-        engines["critic"] = Engine("fsdp2", FSDP)  # CriticConfig: FSDP only
     engine = _inference_engine(config, omitted)
     if engine is not None:
         engines["inference_engine"] = engine
@@ -365,6 +395,11 @@ def read_skyrl_sft(config: Mapping[str, Any]) -> Spec:
 # --- Override lists -----------------------------------------------------------------
 
 _OVERRIDE = re.compile(r"^([+~]{0,2})([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z0-9_]+)*)=")
+# An entry point's own option (visgym's --env_variant), which it strips with
+# parse_known_args before SkyRL parses the rest (examples/train/visgym/entrypoint.py).
+_OPTION = re.compile(r"^--?[A-Za-z]")
+# A name the record can show (a role name's form, values.read_name).
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
 
 def _tops(args: Sequence[str]) -> Optional[List[Tuple[str, str]]]:
@@ -376,6 +411,45 @@ def _tops(args: Sequence[str]) -> Optional[List[Tuple[str, str]]]:
             return None
         out.append((match.group(1), match.group(2)))
     return out
+
+
+def _split(args: Sequence[str]) -> Tuple[List[str], List[str], Optional[str]]:
+    """(the key=value overrides, the options with their values, the first
+    token that is neither). An option's value is the next token when that is
+    neither an override nor an option, as argparse would take it."""
+    overrides: List[str] = []
+    options: List[str] = []
+    stray = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if _OVERRIDE.match(arg):
+            overrides.append(arg)
+        elif _OPTION.match(arg):
+            options.append(arg)
+            if "=" not in arg and i + 1 < len(args) and not _OVERRIDE.match(args[i + 1]) \
+                    and not _OPTION.match(args[i + 1]):
+                i += 1
+                options.append(args[i])
+        elif stray is None:
+            stray = arg
+        i += 1
+    return overrides, options, stray
+
+
+def _trainer_keys_are_skyrls(overrides: Sequence[str]) -> bool:
+    """Whether every trainer.<key> override names a field of SkyRL's
+    TrainerConfig (or is close to one read here, refused later by name):
+    verl's Hydra overrides have trainer.* keys too (trainer.n_gpus_per_node)."""
+    for arg in overrides:
+        match = _OVERRIDE.match(arg)
+        if match is None or match.group(2) != "trainer" or not match.group(3):
+            continue
+        key = match.group(3).split(".")[1]
+        if key not in _TRAINER_FIELDS and not difflib.get_close_matches(key, _TRAINER_READ, n=1,
+                                                                           cutoff=0.8):
+            return False
+    return True
 
 
 def _parse(args: Sequence[str]) -> Dict[str, Any]:
@@ -397,29 +471,49 @@ def _parse(args: Sequence[str]) -> Dict[str, Any]:
 
 def convert(value: Any) -> Optional[Dict[str, Any]]:
     """A SkyRL entry point's argv (``key.path=value`` overrides) -> the
-    nested mapping; None when the list is not SkyRL's."""
+    nested mapping; None when the list is not SkyRL's.
+
+    Top-level sections SkyRLTrainConfig lacks are a subclass's (SkyRL's
+    documented extension point; the Harbor entry point adds
+    ``harbor_trial_config``): parsed, and left to ``read_skyrl``, which
+    names them in the record and reads none. Options before or among the
+    overrides (an entry point's own, stripped by it before SkyRL parses the
+    rest) are skipped, with a warning naming them."""
     if not isinstance(value, (list, tuple)) or not value \
             or not all(isinstance(arg, str) for arg in value):
         return None
-    tops = _tops(value)
-    if tops is None:
+    overrides, options, stray = _split(value)
+    if not overrides:
         return None
-    keys = {key for _, key in tops}
-    if keys <= set(TOP_KEYS) and keys & {"trainer", "generator"}:
-        mapping = _parse(value)
+    keys = {key for _, key in _tops(overrides) or ()}
+    if keys & {"trainer", "generator"}:
+        unknown = sorted(keys - set(TOP_KEYS))
+        hints = {key: difflib.get_close_matches(key, TOP_KEYS, n=1, cutoff=0.8)
+                 for key in unknown}
+        misspelt = [key for key in unknown if hints[key]]
+        if misspelt:
+            named = ", ".join(f"{key!r} (SkyRL's {hints[key][0]!r}?)" for key in misspelt)
+            raise FieldValueError(f"{FIELD}: SkyRL's overrides have the top-level key(s) "
+                                  f"{named}; SkyRL's are {', '.join(TOP_KEYS)}")
+        if unknown and not _trainer_keys_are_skyrls(overrides):
+            return None  # another framework's Hydra overrides (verl's)
+        if stray is not None:
+            raise FieldValueError(
+                f"{FIELD}: SkyRL's overrides stop at {show(stray)}, which is neither a "
+                "key=value override nor an option; pass the entry point's arguments only")
+        if options:
+            warnings.warn(
+                f"{FIELD}: SkyRL's overrides: {' '.join(options)} skipped (an entry point's own "
+                "option, which it strips before SkyRL parses the rest); if it changes SkyRL's "
+                "config, write that as a key=value override", UserWarning, stacklevel=3)
+        mapping = _parse(overrides)
         # The marker: the strategy is always there (its default made explicit).
         trainer = mapping.setdefault("trainer", {})
         if isinstance(trainer, dict) and trainer.get("strategy") is None:
             trainer["strategy"] = STRATEGY_DEFAULT
         return mapping
-    unknown = sorted(keys - set(TOP_KEYS))
-    hints = {key: difflib.get_close_matches(key, TOP_KEYS, n=1, cutoff=0.8) for key in unknown}
-    if keys & {"trainer", "generator"} and all(hints.values()):
-        named = ", ".join(f"{key!r} (SkyRL's {hints[key][0]!r}?)" for key in unknown)
-        raise FieldValueError(f"{FIELD}: SkyRL's overrides have the top-level key(s) {named}; "
-                              f"SkyRL's are {', '.join(TOP_KEYS)}")
-    if keys <= set(SFT_FIELDS):
-        mapping = _parse(value)
+    if keys <= set(SFT_FIELDS) and not options and stray is None:
+        mapping = _parse(overrides)
         if mapping.get(SFT_STRATEGY) is None:
             mapping[SFT_STRATEGY] = SFT_STRATEGY_DEFAULT
         return mapping
@@ -437,14 +531,12 @@ def overrides_file(path: str) -> Optional[Dict[str, Any]]:
             text = handle.read(1 << 20)
         first = next((line.strip().lstrip("\"'") for line in text.splitlines()
                       if line.strip() and not line.strip().startswith("#")), "")
-        if _OVERRIDE.match(first) is None:
+        if _OVERRIDE.match(first) is None and _OPTION.match(first) is None:
             return None  # YAML (or anything else) starts otherwise: no need to split it
         args = shlex.split(text.replace("\\\n", " "), comments=True)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    if not args or _tops(args) is None:
-        return None
-    return convert(args)
+    return convert(args) if args else None
 
 
 def compose(path: str, loaded: Any) -> Optional[Any]:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import warnings
 from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
@@ -93,10 +95,17 @@ MILES_SGLANG_VARIABLE = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
 MILES_SGLANG_VALUE = "false"
 # How a config is known to be miles': its parse_args always defines
 # --use-miles-router (add_router_arguments, miles/utils/arguments.py:1874;
-# slime's is --use-slime-router), so every miles namespace has this key. An
-# argument list is miles' when it holds that option or any --miles-* one;
-# no miles-only option is in every launch, so a plain list reads as slime's.
+# slime's is --use-slime-router), so every miles namespace has this key. No
+# miles-only option is in every launch, so an argument list is miles' when
+# it holds that option or any --miles-* one, or when it starts with the
+# driver miles' launches run: execute_train submits `python3
+# <checkout>/train.py <model args> <train args>` (miles/utils/external_utils/
+# command_utils.py:229-238), the shell launchers `python3 train.py ...`, and
+# miles' drivers (train.py, train_async.py, train_multi_lora_async.py) import
+# the miles package, which slime's never do.
 MILES_KEY = "use_miles_router"
+_INTERPRETER = re.compile(r"^(?:.*/)?python[0-9.]*$")
+_IMPORTS_MILES = re.compile(r"^\s*(?:from|import)\s+miles(?:[.\s]|$)", re.MULTILINE)
 MILES = "miles"
 # miles' Python launchers (execute_train, miles/utils/external_utils/
 # command_utils.py:193-202) write "1" into the job's env_vars for every
@@ -340,9 +349,27 @@ def convert(value: Any) -> Optional[Dict[str, Any]]:
     parsed, _ = _parser().parse_known_args(list(value))
     mapping = vars(parsed)
     if any(arg.split("=", 1)[0] == "--use-miles-router" or arg.startswith("--miles-")
-           for arg in value):
+           for arg in value) or _driver_is_miles(value):
         mapping[MILES_KEY] = "--use-miles-router" in value
     return mapping
+
+
+def _driver_is_miles(args: Sequence[str]) -> bool:
+    """Whether the list starts with a driver script (after an interpreter
+    and its flags, as ``ray job submit -- python3 train.py ...`` passes it)
+    that imports miles. A script this machine cannot read says nothing."""
+    words = list(args[:4])
+    if words and _INTERPRETER.match(words[0]):
+        words = words[1:]
+        while words and words[0].startswith("-") and len(words[0]) == 2:
+            words = words[1:]  # python3 -u train.py
+    if not words or not words[0].endswith(".py"):
+        return False
+    try:
+        with open(os.path.expanduser(words[0]), encoding="utf-8") as handle:
+            return _IMPORTS_MILES.search(handle.read(1 << 18)) is not None
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def compose(path: str, loaded: Any) -> Optional[Any]:

@@ -19,7 +19,8 @@ defaults are SkyRL's.
 import shlex
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
+from typing import Any, Dict, Optional
 
 import pytest
 
@@ -131,3 +132,65 @@ def test_the_sft_entry_points_config(args):
     cfg = sft_config.SFTConfig.from_cli_overrides(args)
     assert field(cfg) == field(args)
     assert field(cfg)["framework"] == "skyrl-sft"
+
+
+# --- Entry points beyond main_base ---------------------------------------------------
+
+MEGATRON_TP2 = ["trainer.strategy=megatron",
+                "trainer.policy.megatron_config.tensor_model_parallel_size=2"]
+
+
+def harbor_config():
+    """HarborSkyRLConfig as examples/train_integrations/harbor/entrypoints/
+    main_harbor.py declares it (SkyRL @ a9564572), and RateLimiterConfig's
+    fields as skyrl/train/utils/rate_limiter.py declares them (importing that
+    module imports torch through skyrl.train.utils)."""
+    @dataclass
+    class RateLimiterConfig:
+        enabled: bool = False
+        trajectories_per_second: Optional[float] = None
+        max_concurrency: Optional[int] = None
+
+    @dataclass
+    class HarborGeneratorConfig(config.GeneratorConfig):
+        rate_limit: RateLimiterConfig = dataclass_field(default_factory=RateLimiterConfig)
+
+    @dataclass
+    class HarborSkyRLConfig(config.SkyRLTrainConfig):
+        harbor_trial_config: Dict[str, Any] = dataclass_field(default_factory=dict)
+        generator: HarborGeneratorConfig = dataclass_field(default_factory=HarborGeneratorConfig)
+
+    return HarborSkyRLConfig
+
+
+def test_the_harbor_subclass_reads_as_its_overrides():
+    args = [*args_of("run_codecontest.txt"), *MEGATRON_TP2]
+    with pytest.raises(ValueError, match="harbor_trial_config"):
+        config.SkyRLTrainConfig.from_cli_overrides(args)  # the base class refuses it
+    cfg = harbor_config().from_cli_overrides(args)
+    assert cfg.harbor_trial_config["trials_dir"] == "/mnt/local_storage/codecontest/trials_run"
+    assert field(cfg) == field(args)
+    assert "harbor_trial_config" in field(cfg)["omitted"]
+    assert tuple(explain(cfg, gpus, explicit="1").value for gpus in GPUS) == ("1", "1", None)
+
+
+def test_visgym_reads_as_skyrl_reads_what_its_entry_point_leaves():
+    import warnings
+
+    args = args_of("run_visgym_from_sft.txt")
+    assert args[:2] == ["--env_variant", "sft"]
+    cfg = config.SkyRLTrainConfig.from_cli_overrides(args[2:])  # after parse_known_args
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert field(cfg) == field(args)
+
+
+@pytest.mark.parametrize("name", ["run_fully_async_sim_gsm8k_e2e.txt",
+                                  "run_fully_async_sim_gsm8k_external.txt"])
+def test_the_simulated_trainer_reads_as_its_overrides(name):
+    args = [*args_of(name), *MEGATRON_TP2]
+    cfg = config.SkyRLTrainConfig.from_cli_overrides(args)
+    assert cfg.trainer.fully_async.simulate_training is True
+    assert field(cfg) == field(args)
+    assert "policy" in field(cfg)["omitted"]
+    assert tuple(explain(cfg, gpus, explicit="1").value for gpus in GPUS) == (None, None, None)

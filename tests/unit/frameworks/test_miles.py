@@ -7,7 +7,9 @@ The argument lists are the ones miles' Python launcher scripts/
 run_qwen3_4b.py builds with its defaults (hardware H100: 8 GPUs; Qwen3-4B:
 TP 2, CP 4; Qwen3-0.6B: TP 1, CP 1; --train-backend fsdp for the FSDP run),
 reduced to the options the reader reads. The job env is execute_train's
-(miles/utils/external_utils/command_utils.py) with its "1" taken over.
+(miles/utils/external_utils/command_utils.py), whose "1" is miles' own once
+the config is known as miles: by use_miles_router in a namespace, a miles
+option in a list, or the driver the launch runs (miles' train.py).
 Expected values from docs/rules.md by hand: miles' driver runs Megatron-LM's
 validate_args as slime's does, so TP/CP > 1 below major 10 is a required 1.
 """
@@ -19,6 +21,7 @@ from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.node import parse_gpu_list
 
 from deciding import UNSET, decided, shown
+from paths import FIXTURES
 
 COMMON = ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--colocate",
           "--rollout-num-gpus-per-engine", "1"]
@@ -116,13 +119,56 @@ def test_a_bad_train_env_vars_value_is_refused_by_name():
         build_runtime_env(QWEN3_4B + ["--train-env-vars", "{not json"])
 
 
-def test_the_execute_train_line_in_the_docs_drops_miles_1_and_adds_the_field():
+# -- A miles launch as miles launches it: its driver ------------------------------
+
+# execute_train's job env for a Megatron job (command_utils.py:193-227), in part.
+EXECUTE_TRAIN_ENV = {"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+                     "NCCL_NVLS_ENABLE": "1", "no_proxy": "127.0.0.1,10.0.0.1",
+                     "MASTER_ADDR": "10.0.0.1", "PYTHONPATH": "/root/miles:/root/Megatron-LM"}
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A miles checkout's driver, miles' own train.py (tests/fixtures/miles)."""
+    (tmp_path / "train.py").write_text((FIXTURES / "miles" / "train.py.txt").read_text())
+    return tmp_path
+
+
+def test_the_execute_train_line_in_the_docs_knows_miles_by_its_driver(checkout):
     import shlex
 
-    train_args = " ".join(QWEN3_4B)
-    base = {"env_vars": {"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
-    env = build_runtime_env(shlex.split(train_args), base=base, take_over=True)
-    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env["env_vars"]
-    assert env["env_vars"]["PYTHONUNBUFFERED"] == "1"
-    assert parse_field(env["megatron_env"]).processes[1].variable == \
-        "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+    # In execute_train: train_script is f"{repo_base_dir}/train.py"; the job
+    # runs `python3 {train_script} {model_args} {train_args}`.
+    train_script, train_args = str(checkout / "train.py"), " ".join(QWEN3_4B)
+    env = build_runtime_env([train_script, *shlex.split(train_args)],
+                            base={"env_vars": EXECUTE_TRAIN_ENV})
+    spec = parse_field(env["megatron_env"])
+    assert spec.framework == "miles" and spec.replaces == "1"
+    assert env["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # kept: decided on each node
+    assert spec.processes[1].variable == "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+    for gpus, trainer in (("9.0", "1"), ("10.0", None)):
+        assert decided(spec, parse_gpu_list(gpus),
+                       worker_env={**TRAINER, **EXECUTE_TRAIN_ENV}).value == trainer
+        assert decided(spec, parse_gpu_list(gpus),
+                       worker_env={**ENGINE, **EXECUTE_TRAIN_ENV}).value is None
+
+
+def test_the_shell_launchers_command_from_the_checkout(checkout, monkeypatch, capsys):
+    from ray_megatron_env.cli import OK, main
+
+    # examples/lora/run-qwen3-4B-megatron-lora.sh: ray job submit ... -- python3 train.py ...
+    monkeypatch.chdir(checkout)
+    import json
+
+    code = main(["runtime-env", "--json", "--base-json", json.dumps({"env_vars": EXECUTE_TRAIN_ENV}),
+                 "--", "python3", "train.py", *QWEN3_4B])
+    field = json.loads(capsys.readouterr().out)["megatron_env"]
+    assert code == OK and field["framework"] == "miles" and field["replaces"] == "1"
+
+
+def test_slimes_driver_or_one_not_here_reads_as_slime(tmp_path):
+    slimes = tmp_path / "train.py"
+    slimes.write_text((FIXTURES / "slime" / "train.py.txt").read_text())
+    for driver in ([str(slimes)], ["python3", str(tmp_path / "elsewhere" / "train.py")]):
+        spec = parse_field(build_runtime_env([*driver, *QWEN3_4B])["megatron_env"])
+        assert spec.framework == "slime" and spec.replaces is None

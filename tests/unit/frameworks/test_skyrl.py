@@ -181,7 +181,7 @@ def test_moe_overlap_changes_the_value():
     # A2A overlap is on; hand-checked against docs/rules.md.
     kw = f"{MCORE}.transformer_config_kwargs"
     overlap = [*BASE, "trainer.algorithm.use_kl_loss=false",
-               "generator.inference_engine.run_engines_locally=false",
+               "generator.inference_engine.external_server_urls=['http://10.0.0.9:8000']",
                f"{MCORE}.tensor_model_parallel_size=2", f"{MCORE}.expert_model_parallel_size=8"]
     assert explain(overlap, "9.0").value == "1"
     assert explain([*overlap, f"{kw}.overlap_moe_expert_parallel_comm=true"], "9.0").value \
@@ -233,10 +233,23 @@ def test_a_critic_is_fsdp_and_refused_under_megatron():
         read("trainer.critic.model.path=Qwen/Qwen3-0.6B")
 
 
-def test_engines_not_started_here():
-    spec = spec_of([*BASE, "generator.inference_engine.run_engines_locally=false"])
+@pytest.mark.parametrize("external", [
+    "generator.inference_engine.external_proxy_url=http://10.0.0.9:40859",
+    "generator.inference_engine.external_server_urls=['http://10.0.0.9:8000']"])
+@pytest.mark.parametrize("locally", ["true", "false"])
+def test_engines_not_started_here(external, locally):
+    # build_new_inference_client (inference_servers/setup.py): either URL set
+    # means external servers, whatever run_engines_locally says.
+    spec = spec_of([*BASE, f"generator.inference_engine.run_engines_locally={locally}",
+                    external])
     assert "inference_engine" not in dict(spec.engines)
-    assert "run_engines_locally" in dict(spec.omitted)["inference_engine"]
+    assert external.split("=")[0] in dict(spec.omitted)["inference_engine"]
+
+
+def test_run_engines_locally_false_without_servers_is_refused():
+    # validate_cfg (_validate_new_inference_cfg) refuses it.
+    with pytest.raises(FieldValueError, match="run_engines_locally is false without"):
+        spec_of([*BASE, "generator.inference_engine.run_engines_locally=false"])
 
 
 def test_bad_values_are_named():
@@ -353,3 +366,98 @@ def test_a_submitted_job_under_uv_run_and_without(monkeypatch, under_uv_run, cap
     assert env_vars[VARIABLE] == "1"  # SkyRL's, until the worker's node decides
     agent_on(capability).decide_and_write(merged, env_vars, {}, logging.getLogger("t"))
     assert env_vars.get(VARIABLE) == expected
+
+
+# --- A SkyRLTrainConfig subclass's sections; an entry point's own options -------------
+
+HARBOR = "run_codecontest.txt"  # main_harbor: HarborSkyRLConfig adds harbor_trial_config
+MEGATRON_TP2 = ["trainer.strategy=megatron", f"{MCORE}.tensor_model_parallel_size=2"]
+
+
+def test_a_subclass_section_is_named_in_the_record_and_not_read():
+    spec = spec_of(path(HARBOR))
+    # trainer.strategy=fsdp, use_kl_loss=false, vLLM TP=2 (4 engines)
+    assert {r: e.describe() for r, e in spec.engines} == {
+        "policy": "fsdp2", "inference_engine": "vllm TP=2"}
+    assert set(dict(spec.omitted)) == {"harbor_trial_config", "ref"}
+    assert "subclass" in dict(spec.omitted)["harbor_trial_config"]
+    assert "harbor_trial_config" in explain(path(HARBOR), "9.0").reason
+
+
+@pytest.mark.parametrize("gpus,value", [("8.0", "1"), ("9.0", "1"), ("10.0", None)])
+def test_harbor_overrides_with_a_megatron_tp2_policy(gpus, value, tmp_path, capsys):
+    """Through each way in: the argv, a file of its lines, a YAML list and
+    `runtime-env --`: a Megatron TP=2 policy asks 1 below Blackwell, over
+    SkyRL's own 1 (replaces)."""
+    args = [*args_of(HARBOR), *MEGATRON_TP2]
+    import yaml
+
+    lines = tmp_path / "harbor.txt"
+    lines.write_text(Path(path(HARBOR)).read_text() + " ".join(MEGATRON_TP2) + "\n")
+    listed = tmp_path / "harbor.yaml"
+    listed.write_text(yaml.safe_dump(args))
+    assert spec_of(str(lines)) == spec_of(str(listed)) == spec_of(args)
+    assert main(["runtime-env", "--json", "--", *args]) == OK
+    field = json.loads(capsys.readouterr().out)["megatron_env"]
+    assert field["replaces"] == "1" and "harbor_trial_config" in field["omitted"]
+    assert explain(args, gpus, explicit="1").value == value
+
+
+@pytest.mark.parametrize("typo,meant", [
+    ("trainer.stratgy=megatron", "trainer.strategy"),
+    ("generatr.inference_engine.num_engines=2", "'generatr' (SkyRL's 'generator'?)"),
+])
+def test_a_misspelt_skyrl_key_beside_a_subclass_section_is_still_refused(typo, meant):
+    with pytest.raises(FieldValueError) as info:
+        spec_of([*args_of(HARBOR), typo])
+    assert meant in str(info.value)
+
+
+VISGYM = "run_visgym_from_sft.txt"  # entrypoint.py: parse_known_args strips --env_variant
+
+
+def test_an_entry_points_own_option_is_skipped_and_named():
+    with pytest.warns(UserWarning, match="--env_variant sft skipped"):
+        spec = spec_of(path(VISGYM))
+    # strategy fsdp, use_kl_loss false, vLLM TP=1
+    assert {r: e.describe() for r, e in spec.engines} == {
+        "policy": "fsdp2", "inference_engine": "vllm"}
+    with pytest.warns(UserWarning, match="--env_variant sft skipped"):
+        assert spec_of(args_of(VISGYM)) == spec
+        assert tuple(explain(args_of(VISGYM), gpus).value for gpus in GPUS) == UNSET
+
+
+def test_a_word_that_is_neither_an_override_nor_an_option_is_named():
+    with pytest.raises(FieldValueError, match="stop at 'entrypoint.py'"):
+        spec_of(["entrypoint.py", *args_of(VISGYM)])
+
+
+SIM = "run_fully_async_sim_gsm8k_e2e.txt"  # trainer.fully_async.simulate_training=true
+SIM_EXTERNAL = "run_fully_async_sim_gsm8k_external.txt"
+
+
+def test_simulated_training_starts_no_trainer_model():
+    # BasePPOExp._setup_trainer skips build_models: only the vLLM engines run.
+    spec = spec_of(path(SIM))
+    assert {r: e.describe() for r, e in spec.engines} == {"inference_engine": "vllm"}
+    assert "simulate_training" in dict(spec.omitted)["policy"]
+
+
+@pytest.mark.parametrize("gpus", GPUS)
+def test_simulated_training_under_megatron_replaces_skyrls_1(gpus):
+    args = [*args_of(SIM), *MEGATRON_TP2]
+    # SkyRL's 1 (prepare_runtime_environment, strategy megatron) in every
+    # process; only vLLM runs, which asks "not 1": the 1 is removed.
+    decision = explain(args, gpus, explicit="1")
+    assert decision.value is None and spec_of(args).replaces == "1"
+    # The same overrides without simulate_training train a TP=2 policy.
+    real = [arg for arg in args if not arg.startswith("trainer.fully_async.simulate_training=")]
+    assert explain(real, gpus, explicit="1").value == ONE_BEFORE_10[GPUS.index(gpus)]
+
+
+def test_external_servers_and_a_simulated_trainer_start_nothing():
+    spec = spec_of([*args_of(SIM_EXTERNAL), *MEGATRON_TP2])
+    assert spec.engines == ()
+    assert "external_proxy_url" in dict(spec.omitted)["inference_engine"]
+    assert set(dict(spec.omitted)) == {"policy", "ref", "inference_engine"}
+    assert explain([*args_of(SIM_EXTERNAL), *MEGATRON_TP2], "9.0", explicit="1").value is None
