@@ -1,6 +1,6 @@
 """A worker process probing through the per-node cache file, for the test
 that several workers starting together share one probe
-(tests/unit/test_setup_hook.py). A module of its own, importable by name, since
+(tests/unit/test_cache.py). A module of its own, importable by name, since
 a spawned process imports its target by module name (a test module's name
 under pytest's importlib mode is not importable there)."""
 

@@ -1,6 +1,6 @@
-"""The bad-input matrix (helpers/reliability_cases.py) on the driver: the driver
-helper and the hook raise the documented error (the agent of a real node:
-tests/cluster/test_bad_input.py)."""
+"""Topical: the bad-input matrix (helpers/reliability_cases.py) on the driver:
+the driver helper and the hook raise the documented error (the agent of a
+real node: tests/cluster/test_bad_input.py)."""
 
 import pytest
 

@@ -1,7 +1,6 @@
 """The command line, offline verbs: explain, register, runtime-env, help."""
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -310,33 +309,6 @@ ALIVE = [("ab12cd34" + "1" * 48, "10.0.0.7"), ("ab12ff00" + "2" * 48, "10.0.0.8"
          ("9f00aa11" + "3" * 48, "10.0.0.8")]
 
 
-@pytest.mark.parametrize("wanted, expected", [
-    (["ab12cd34"], [0]),                          # the table's 8 digits
-    (["AB12CD34" + "1" * 48], [0]),               # a whole id, any case
-    (["ab12"], [0, 1]),                           # a prefix: every node it starts
-    (["10.0.0.8"], [1, 2]),                       # an IP: every node there
-    (["9f00aa11", "10.0.0.7"], [0, 2]),           # several, in cluster order
-    ([" 9f00aa11 ", "9f00"], [2]),                # each node once
-])
-def test_check_selects_nodes_by_id_prefix_or_ip(wanted, expected):
-    from ray_megatron_env.check import select_nodes
-
-    assert select_nodes(ALIVE, wanted) == [ALIVE[i] for i in expected]
-
-
-@pytest.mark.parametrize("wanted, words", [
-    (["ab12cd34", "10.0.0.9"], "'10.0.0.9'; alive: ab12cd34 (10.0.0.7), ab12ff00 (10.0.0.8)"),
-    (["cd34"], "'cd34'"),                         # not a prefix
-    ([" "], "no node named"),
-])
-def test_check_refuses_a_node_that_is_not_alive(wanted, words):
-    from ray_megatron_env.check import select_nodes
-    from ray_megatron_env.errors import NodeSelectionError
-
-    with pytest.raises(NodeSelectionError, match=re.escape(words)):
-        select_nodes(ALIVE, wanted)
-
-
 def test_check_passes_node_to_check_cluster_and_exits_2_for_one_not_alive(capsys, monkeypatch):
     from ray_megatron_env import check
     from ray_megatron_env.check import select_nodes
@@ -369,31 +341,6 @@ def test_check_json_stays_json_when_ray_prints_to_stdout(capsys, monkeypatch):
     code, out, err = run(capsys, "check", "--json")
     assert json.loads(out)[0]["ip"] == "10.0.0.7"
     assert "(raylet) A worker died" in err
-
-
-def test_check_names_the_exception_inside_rays_text():
-    # A setup hook that failed: Ray's text ends with its own line about the
-    # actor, after the hook's traceback (Ray 2.60).
-    from ray_megatron_env.check import _report
-
-    class ActorDiedError(Exception):
-        pass
-
-    died = ActorDiedError(
-        "The actor died unexpectedly before finishing this task.\n"
-        "Worker exit detail: Failed to execute the setup hook method, "
-        "ray_megatron_env.setup_hook.setup_hook from ...\nTraceback (most recent call last):\n"
-        '  File "x.py", line 1, in find_spec\n'
-        "ModuleNotFoundError: No module named 'ray_megatron_env'\n\n"
-        "The actor never ran - it was cancelled before it started running.")
-    report = _report("n" * 56, "10.0.0.7", died, 60, None)
-    assert report.error.startswith("ActorDiedError: the job env's setup hook could not import "
-                                   "this package on the node")
-    assert "check --ship-package" in report.error
-    assert report.error.endswith("(ModuleNotFoundError: No module named 'ray_megatron_env')")
-    other = _report("n" * 56, "10.0.0.7", ActorDiedError("a\nValueError: bad\nlast words"),
-                    60, None)
-    assert other.error == "ActorDiedError: ValueError: bad"
 
 
 def test_a_table_of_workers_classified_alike_leaves_the_classification_out():

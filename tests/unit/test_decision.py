@@ -1,10 +1,9 @@
-"""Precedence (docs/how-it-works.md#precedence) on top of the policy, and the decision's JSON."""
-
-import json
+"""Precedence (docs/how-it-works.md#precedence) on top of the policy: one
+variable's (decision.settle) and CUDA's, for every node. The record these
+build, and its JSON: tests/unit/test_record.py."""
 
 import pytest
 
-from ray_megatron_env.record import Decision
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.engines import FSDP, MEGATRON
@@ -69,23 +68,6 @@ def test_probe_failure_is_recorded_and_warned():
     assert decision.gpus is None
     assert decision.probe["error"] == "nvidia-smi did not answer within 3 s"
     assert "treated as pre-Blackwell" in decision.warnings[0]
-
-
-def test_decision_round_trips_through_json():
-    decision = decide(MEGATRON_TP2, H100, inherited="4")
-    data = json.loads(decision.to_json())
-    assert data["value"] == "1" and data["gpus"] == ["9.0", "9.0"]
-    assert data["engines"] == {"actor": "megatron TP=2 CP=1"}
-    assert data["rules"] == {"actor": "megatron-model-parallel"}
-    assert Decision.from_json(decision.to_json()) == decision
-
-
-def test_json_has_no_dollar_sign_for_ray_to_expand():
-    # Ray runs os.path.expandvars on env_vars values in the worker.
-    node = NodeGpus.unknown("nvidia-smi", "unexpected output '$HOME ${PATH}'")
-    text = decide(MEGATRON_TP2, node).to_json()
-    assert "$" not in text
-    assert "$HOME ${PATH}" in Decision.from_json(text).probe["error"]
 
 
 # --- the one precedence, for every variable (decision.settle) ----------------------
@@ -164,55 +146,3 @@ def test_a_left_unset_variable_names_its_library_default_where_a_row_allowed_it(
     assert settled.entry.reason == "because; left unset (CUDA's default, 8)."
 
 
-def test_every_variable_has_one_entry_of_one_shape():
-    from ray_megatron_env.explanation import explain_node
-    result = explain_node({"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}},
-                          node='{"gpus": "10.0", "fabric": {"state": "completed", '
-                               '"cluster_uuid": "11111111-2222-3333-4444-555555555555"}}',
-                          packs=["nccl-fabric"])
-    record = json.loads(result.write["RAY_MEGATRON_ENV_DECISION"])
-    assert record["record"] == 2
-    assert sorted(record["variables"]) == ["CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_CUMEM_ENABLE",
-                                           "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE"]
-    shape = {"pack", "action", "value", "source", "strength", "rule", "reason", "node_value"}
-    for entry in record["variables"].values():
-        assert shape <= set(entry)
-    assert record["variables"]["CUDA_DEVICE_MAX_CONNECTIONS"]["pack"] == "cuda-connections"
-
-
-# A record as version 0.x wrote it (record version 1: no "variables", CUDA's
-# answer at the top, other variables under "packs").
-VERSION_1_RECORD = {
-    "value": "1", "source": "policy", "requirement": "1", "gpus": ["9.0", "9.0"],
-    "reason": "actor worker (no process rule matched): compute capability 9.0: actor "
-              "(megatron TP=2 CP=1) needs 1 (preferred) [megatron-model-parallel]; set to 1.",
-    "engines": {"actor": "megatron TP=2 CP=1"}, "rules": {"actor": "megatron-model-parallel"},
-    "strengths": {"actor": "preferred"},
-    "because": {"actor": "preferred: keeps tensor/context-parallel collectives ahead of compute"},
-    "conflict": False, "satisfied": True, "warnings": [], "node_value": None,
-    "process": "actor worker (no process rule matched)", "framework": "verl",
-    "probe": {"method": "nvml", "error": None, "detail": "2 device(s) on the node, all visible",
-              "vendor": None, "probed_at": 1767225600.5, "pid": 48213},
-    "via": "plugin", "version": "0.9.0",
-    "packs": {"NCCL_NVLS_ENABLE": {"pack": "nccl-fabric", "action": "set", "value": "0",
-                                   "source": "policy", "strength": "required",
-                                   "rule": "nvswitch-fabric-not-ready", "reason": "r"}},
-}
-
-
-def test_a_version_1_record_is_still_read():
-    from ray_megatron_env import read_decision
-    decision = read_decision({"RAY_MEGATRON_ENV_DECISION": json.dumps(VERSION_1_RECORD)})
-    assert decision.record == 1
-    assert (decision.value, decision.source, decision.reason) == (
-        "1", "policy", VERSION_1_RECORD["reason"])
-    assert decision.rules == {"actor": "megatron-model-parallel"}
-    assert decision.strengths == {"actor": "preferred"}
-    assert decision.variables["CUDA_DEVICE_MAX_CONNECTIONS"].strength == "preferred"
-    assert decision.variables["NCCL_NVLS_ENABLE"].value == "0"
-    assert decision.packs == VERSION_1_RECORD["packs"]
-    # Written again, it carries both shapes, the version-1 keys unchanged.
-    again = decision.to_dict()
-    for key in ("value", "source", "reason", "requirement", "engines", "rules", "strengths",
-                "because", "conflict", "node_value", "packs"):
-        assert again[key] == VERSION_1_RECORD[key], key

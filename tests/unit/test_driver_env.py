@@ -1,4 +1,4 @@
-"""A framework's copy of the driver's environment in the job's env_vars
+"""Topical: a framework's copy of the driver's environment in the job's env_vars
 (NeMo-RL's init_ray: ``env_vars = dict(os.environ)``; worker_groups.py again
 per worker) is decided per node as an inherited value, not kept as the
 job's explicit one: the driver-side detection (build_runtime_env, the driver

@@ -3,7 +3,9 @@ ray.init merges them (ray/_private/worker.py, init: _merge_runtime_env with
 the job config's env, then RAY_RUNTIME_ENV_HOOK, then the setup hook's
 upload), with the env that `ray-megatron-env runtime-env` writes: the
 driver's own setup hook runs after ours, whatever the driver's shape and
-RAY_OVERRIDE_JOB_RUNTIME_ENV; a real conflict fails in ray.init, named.
+RAY_OVERRIDE_JOB_RUNTIME_ENV; a real conflict fails in ray.init, named. And
+that env on its own (job_submission_env): what it sets for the driver, and
+what it leaves to the framework's driver.
 tests/cluster/test_job_submit.py does the same through `ray job submit`."""
 
 import json
@@ -12,12 +14,12 @@ import os
 import pytest
 from ray.runtime_env.runtime_env import _merge_runtime_env
 
-from configs import MEGATRON_YAML
+from configs import FSDP_YAML, MEGATRON_YAML
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.hook import runtime_env_hook
 from ray_megatron_env.job_submission import complete_submitted_env, job_submission_env
 from ray_megatron_env.names import (
-    JOB_CONFIG_VARIABLE, MERGE_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE,
+    FIELD_VARIABLE, JOB_CONFIG_VARIABLE, MERGE_VARIABLE, NEXT_SETUP_HOOK_VARIABLE, RAY_SETUP_HOOK_VARIABLE,
     SETUP_HOOK_PATH,
 )
 from ray_megatron_env.setup_hook import is_chained
@@ -187,43 +189,37 @@ def test_a_driver_nested_in_a_worker_passes_rays_upload(monkeypatch, source):
     assert env.get("py_modules") == job.get("py_modules")
 
 
-def test_a_workers_own_driver_hook_runs_after_ours():
-    from ray._private import ray_constants
-
-    from ray_megatron_env import names
-    from ray_megatron_env.setup_hook import hook_nested_drivers
-
-    assert names.DRIVER_HOOK_VARIABLE == ray_constants.RAY_RUNTIME_ENV_HOOK
-    environ = {"RAY_RUNTIME_ENV_HOOK": "my.hook"}
-    hook_nested_drivers(environ)
-    hook_nested_drivers(environ)
-    assert {k: environ[k] for k in ("RAY_RUNTIME_ENV_HOOK", "RAY_MEGATRON_ENV_NEXT_HOOK")} == {
-        "RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
-        "RAY_MEGATRON_ENV_NEXT_HOOK": "my.hook"}
+# What every submitted env sets for its driver (job_submission.complete_submitted_env).
+DRIVER_SIDE = {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
+               "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "RAY_MEGATRON_ENV_MERGE": "strict"}
 
 
-def test_under_uv_run_on_ray_2_47_to_2_54_the_driver_hook_runs_rays_uv_hook_first(monkeypatch):
-    # Those releases give a driver under `uv run` Ray's uv hook instead of
-    # RAY_RUNTIME_ENV_HOOK, and still assert on the setup hook's variable.
-    uv = pytest.importorskip("ray._private.runtime_env.uv_runtime_env_hook")
-    from ray._private.runtime_env import setup_hook
+def test_the_job_submission_env_carries_the_field_for_the_setup_hook():
+    # Also where Ray skips the driver hook (uv run), every worker reads its
+    # field from its own environment.
+    env, notes = job_submission_env(build_runtime_env(FSDP_YAML), "verl")
+    field = env["env_vars"].pop(FIELD_VARIABLE)
+    assert env["env_vars"] == DRIVER_SIDE and notes == []
+    assert json.loads(field) == env["megatron_env"]
+    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
 
-    from ray_megatron_env.setup_hook import hook_nested_drivers
 
-    monkeypatch.delattr(setup_hook, "_check_setup_hook_consistency", raising=False)
-    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: ["uv", "run", "--python", "3.11",
-                                                            "train.py"])
-    environ = {}
-    hook_nested_drivers(environ)
-    assert environ == {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
-                       "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_MEGATRON_ENV_UV_HOOK": "1",
-                       "RAY_MEGATRON_ENV_NESTED_DRIVER": "1"}
-    monkeypatch.delenv(JOB_CONFIG_VARIABLE, raising=False)
-    monkeypatch.setenv("RAY_MEGATRON_ENV_UV_HOOK", "1")
-    job = build_runtime_env(MEGATRON_YAML)
-    env = runtime_env_hook({**job, "env_vars": {**job["env_vars"], RAY_SETUP_HOOK_VARIABLE: HOOK}})
-    # what Ray's uv hook sets ("uv run --python 3.11", with " python" from 2.5x)
-    assert env["py_executable"] == uv.hook({})["py_executable"]
-    assert env["py_executable"].startswith("uv run --python 3.11")
-    assert RAY_SETUP_HOOK_VARIABLE not in env["env_vars"]
-    assert env["worker_process_setup_hook"] == HOOK
+def test_the_job_submission_env_for_nemo_rl_lets_its_driver_win_the_merge():
+    # NeMo-RL's init_ray passes its whole environment as env_vars: every
+    # submitted env_vars key would collide.
+    env, notes = job_submission_env({"megatron_env": {}, "env_vars": {"A": "1"}}, "nemo-rl")
+    assert env["env_vars"] == {"A": "1", **DRIVER_SIDE, "RAY_MEGATRON_ENV_MERGE": "override"}
+    assert "whole environment" in notes[0]
+
+
+def test_a_base_that_asks_for_rays_override_gets_it_and_a_driver_hook_moves_next():
+    env, notes = job_submission_env({"env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
+                                                  "RAY_RUNTIME_ENV_HOOK": "acme.hook"}}, "verl")
+    assert env["env_vars"] == {**DRIVER_SIDE, "RAY_MEGATRON_ENV_MERGE": "override",
+                               "RAY_MEGATRON_ENV_NEXT_HOOK": "acme.hook"} and notes == []
+
+
+def test_the_job_submission_env_leaves_out_what_verls_driver_always_sets():
+    env, notes = job_submission_env({"env_vars": {"VERL_FULL_DETERMINISM": "1", "A": "b"}},
+                                    "verl")
+    assert env["env_vars"] == {"A": "b", **DRIVER_SIDE} and "VERL_FULL_DETERMINISM" in notes[0]

@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis) for the parser, the policy and the agent.
+"""Topical: property-based tests (hypothesis) of the parser, the policy and the agent.
 
 Any input either yields a valid decision or raises the documented error
 type; the driver and the agent agree; the agent writes two variables only.

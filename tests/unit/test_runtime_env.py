@@ -147,3 +147,13 @@ def test_a_compact_form_written_in_yaml(tmp_path):
 def test_fsdp_example():
     engines = build_runtime_env(FSDP_YAML)["megatron_env"]["engines"]
     assert {e["strategy"] for e in engines.values()} == {"fsdp", "vllm"}
+
+
+MEGATRON_TP2 = {"version": 2, "engines": {"actor": {"strategy": "megatron",
+                                                    "tensor_parallel": 2}}}
+
+
+@pytest.mark.parametrize("field", ["image_uri", "container"])
+def test_an_exclusive_ray_field_in_the_base_is_refused_on_the_driver(field):
+    with pytest.raises(ValueError, match=f"base has '{field}'.*cannot be used together"):
+        build_runtime_env(MEGATRON_TP2, base={field: "rayproject/ray:2.60.0"})

@@ -1,24 +1,23 @@
-"""The worker-side fallback without a cluster: the decision it makes from a
-worker's environment and the node's, the per-node probe file, the job env
-build_runtime_env hands Ray, and what the job-submission env leaves out.
+"""The setup hook (setup_hook.py), both ends, without a cluster: the job env
+that carries it (build_runtime_env, an actor's env, a user's hook chained
+after ours), the decision it makes in a worker from the worker's environment
+and the node's, a later worker's cached decision, and the driver hook it
+sets for drivers nested in a worker. The per-node cache files:
+tests/unit/test_cache.py; the job-submission env: tests/unit/test_job_submission.py.
 Expected values come from the rule table (docs/rules.md), written by hand."""
 
 import json
 import logging
-import multiprocessing
 import os
 
 import pytest
 
-from cache_race import probe_in_process
-from configs import FSDP_YAML, verl
+from configs import verl
 from ray_megatron_env import build_runtime_env
-from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.names import (
-    DRIVER_HOOK_PATH as HOOK_PATH, FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE,
+    FIELD_VARIABLE, NEXT_SETUP_HOOK_VARIABLE,
     RAY_SETUP_HOOK_VARIABLE, SETUP_HOOK_PATH,
 )
-from ray_megatron_env.uv_hook import driver_hook_skipped
 from ray_megatron_env.job_submission import job_submission_env
 from ray_megatron_env.cache import NodeCache
 from ray_megatron_env.setup_hook import as_actor_env, chained, decide_in_worker, node_environment
@@ -27,7 +26,6 @@ LOG = logging.getLogger("test_worker_fallback")
 MEGATRON_TP2 = {"version": 2, "engines": {"actor": {"strategy": "megatron",
                                                     "tensor_parallel": 2}}}
 FSDP = {"version": 2, "engines": {"actor": {"strategy": "fsdp"}}}
-
 
 
 @pytest.fixture(autouse=True)
@@ -222,53 +220,6 @@ def test_node_environment_reads_only_a_raylet_parent():
     assert node_environment(pid=2 ** 22 + 12345) is None  # no such process
 
 
-def test_workers_starting_together_share_one_probe(tmp_path):
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=probe_in_process, args=(str(tmp_path), out)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    results = {out.get(timeout=60) for _ in procs}
-    for p in procs:
-        p.join(timeout=60)
-    assert len(results) == 1  # one prober, read by the other three
-
-
-def test_a_failed_probe_is_retried_after_a_while(tmp_path):
-    now = [1000.0]
-    cache = NodeCache(str(tmp_path), "n", retry_failed_after_s=60, clock=lambda: now[0])
-    calls = []
-
-    def failing():
-        calls.append(1)
-        return NodeGpus.unknown("nvml", "boom")
-
-    cache.get(failing)
-    cache.get(failing)
-    now[0] += 61
-    cache.get(failing)
-    assert len(calls) == 2
-
-
-def test_fabric_facts_have_their_own_file(tmp_path):
-    from ray_megatron_env.node import COMPLETED, GpuFabric, NodeFabric
-
-    cache = NodeCache(str(tmp_path), "n")
-    fabric = NodeFabric((GpuFabric(COMPLETED, "success", "1234-5678", 7, "ok"),), "absent", "fake")
-    cache.get(lambda: NodeGpus.known([(10, 0)], "fake"), "gpus")
-    got = cache.get(lambda: fabric, "fabric")
-    again = cache.get(lambda: None, "fabric")  # read back from the file
-    assert again.gpus == fabric.gpus and again.imex_channel == "absent" and again == got
-
-
-def test_a_damaged_cache_file_means_a_new_probe(tmp_path):
-    cache = NodeCache(str(tmp_path), "n")
-    os.makedirs(cache.folder, exist_ok=True)
-    with open(cache.path(), "w") as f:
-        f.write("{not json")
-    assert cache.get(lambda: NodeGpus.known([(8, 0)], "fake")).capabilities == ((8, 0),)
-
-
 def test_the_job_env_carries_the_setup_hook_and_the_field():
     env = build_runtime_env(MEGATRON_TP2)
     assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
@@ -312,67 +263,11 @@ def test_a_hook_of_another_kind_is_refused():
         build_runtime_env(MEGATRON_TP2, base={"worker_process_setup_hook": 3})
 
 
-@pytest.mark.parametrize("field", ["image_uri", "container"])
-def test_an_exclusive_ray_field_in_the_base_is_refused_on_the_driver(field):
-    with pytest.raises(ValueError, match=f"base has '{field}'.*cannot be used together"):
-        build_runtime_env(MEGATRON_TP2, base={field: "rayproject/ray:2.60.0"})
-
-
 def test_an_actor_env_carries_the_hook_as_ray_does():
     env = as_actor_env(build_runtime_env(MEGATRON_TP2))
     assert "worker_process_setup_hook" not in env
     assert env["env_vars"][RAY_SETUP_HOOK_VARIABLE] == SETUP_HOOK_PATH
     assert as_actor_env({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"}}
-
-
-def test_a_uv_run_driver_is_warned_that_ray_skips_the_driver_hook(monkeypatch):
-    import ray._private.runtime_env.uv_runtime_env_hook as uv
-
-    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: ["uv", "run", "train.py"])
-    assert driver_hook_skipped({}) is None  # our hook not in use: nothing to say
-    reason = driver_hook_skipped({"RAY_RUNTIME_ENV_HOOK": HOOK_PATH})
-    assert "RAY_ENABLE_UV_RUN_RUNTIME_ENV" in reason
-    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", HOOK_PATH)
-    with pytest.warns(UserWarning, match="uv run"):
-        build_runtime_env(MEGATRON_TP2)
-    monkeypatch.setattr(uv, "_get_uv_run_cmdline", lambda: None)
-    assert driver_hook_skipped({"RAY_RUNTIME_ENV_HOOK": HOOK_PATH}) is None
-
-
-# What every submitted env sets for its driver (job_submission.complete_submitted_env).
-DRIVER_SIDE = {"RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
-               "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "RAY_MEGATRON_ENV_MERGE": "strict"}
-
-
-def test_the_job_submission_env_carries_the_field_for_the_setup_hook():
-    # Also where Ray skips the driver hook (uv run), every worker reads its
-    # field from its own environment.
-    env, notes = job_submission_env(build_runtime_env(FSDP_YAML), "verl")
-    field = env["env_vars"].pop(FIELD_VARIABLE)
-    assert env["env_vars"] == DRIVER_SIDE and notes == []
-    assert json.loads(field) == env["megatron_env"]
-    assert env["worker_process_setup_hook"] == SETUP_HOOK_PATH
-
-
-def test_the_job_submission_env_for_nemo_rl_lets_its_driver_win_the_merge():
-    # NeMo-RL's init_ray passes its whole environment as env_vars: every
-    # submitted env_vars key would collide.
-    env, notes = job_submission_env({"megatron_env": {}, "env_vars": {"A": "1"}}, "nemo-rl")
-    assert env["env_vars"] == {"A": "1", **DRIVER_SIDE, "RAY_MEGATRON_ENV_MERGE": "override"}
-    assert "whole environment" in notes[0]
-
-
-def test_a_base_that_asks_for_rays_override_gets_it_and_a_driver_hook_moves_next():
-    env, notes = job_submission_env({"env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
-                                                  "RAY_RUNTIME_ENV_HOOK": "acme.hook"}}, "verl")
-    assert env["env_vars"] == {**DRIVER_SIDE, "RAY_MEGATRON_ENV_MERGE": "override",
-                               "RAY_MEGATRON_ENV_NEXT_HOOK": "acme.hook"} and notes == []
-
-
-def test_the_job_submission_env_leaves_out_what_verls_driver_always_sets():
-    env, notes = job_submission_env({"env_vars": {"VERL_FULL_DETERMINISM": "1", "A": "b"}},
-                                    "verl")
-    assert env["env_vars"] == {"A": "b", **DRIVER_SIDE} and "VERL_FULL_DETERMINISM" in notes[0]
 
 
 # A GB200 tray in a multi-node NVLink domain, no IMEX channel in the container
@@ -445,6 +340,22 @@ def test_a_later_worker_takes_the_nodes_decision_from_its_cache(tmp_path, monkey
     with pytest.raises(AssertionError, match="the core ran again"):
         decide_here(worker(node_env, RAY_MEGATRON_ENV_GIVEN_CUDA_DEVICE_MAX_CONNECTIONS="1",
                            **tp2), node_env, cache, lambda: LOG)
+
+
+def test_a_workers_own_driver_hook_runs_after_ours():
+    from ray._private import ray_constants
+
+    from ray_megatron_env import names
+    from ray_megatron_env.setup_hook import hook_nested_drivers
+
+    assert names.DRIVER_HOOK_VARIABLE == ray_constants.RAY_RUNTIME_ENV_HOOK
+    environ = {"RAY_RUNTIME_ENV_HOOK": "my.hook"}
+    hook_nested_drivers(environ)
+    hook_nested_drivers(environ)
+    assert {k: environ[k] for k in ("RAY_RUNTIME_ENV_HOOK", "RAY_MEGATRON_ENV_NEXT_HOOK")} == {
+        "RAY_RUNTIME_ENV_HOOK": "ray_megatron_env.hook.runtime_env_hook",
+        "RAY_MEGATRON_ENV_NEXT_HOOK": "my.hook"}
+
 
 
 class RayWorkerStandIn:
