@@ -7,8 +7,8 @@ module is topical and says so: its docstring's first line starts
 The mirror of a module (``mirror`` below):
 
 - ``ray_megatron_env/a/b.py`` -> ``tests/unit/a/test_b.py``;
-- a package, ``ray_megatron_env/a/__init__.py`` -> ``tests/unit/test_a.py``,
-  beside its parent's modules; the top package's -> ``tests/unit/test_package.py``;
+- a package, ``ray_megatron_env/a/__init__.py`` -> ``tests/unit/a/test_a.py``,
+  beside its modules' tests; the top package's -> ``tests/unit/test_package.py``;
 - underscores around a name go: ``_version.py`` -> ``test_version.py``,
   ``__main__.py`` -> ``test_main.py``.
 """
@@ -30,7 +30,7 @@ def mirror(module: Path) -> Path:
     """The test file of ``module``, a path relative to the repository root."""
     *folders, name = module.relative_to(PACKAGE.name).with_suffix("").parts
     if name == "__init__":
-        name = folders.pop() if folders else "package"
+        name = folders[-1] if folders else "package"
     return Path("tests", "unit", *folders, f"test_{name.strip('_')}.py")
 
 
@@ -46,7 +46,7 @@ def _modules() -> list:
 @pytest.mark.parametrize("module,expected", [
     ("ray_megatron_env/cache.py", "tests/unit/test_cache.py"),
     ("ray_megatron_env/packs/pack.py", "tests/unit/packs/test_pack.py"),
-    ("ray_megatron_env/packs/__init__.py", "tests/unit/test_packs.py"),
+    ("ray_megatron_env/packs/__init__.py", "tests/unit/packs/test_packs.py"),
     ("ray_megatron_env/__init__.py", "tests/unit/test_package.py"),
     ("ray_megatron_env/__main__.py", "tests/unit/test_main.py"),
     ("ray_megatron_env/_version.py", "tests/unit/test_version.py"),
