@@ -12,17 +12,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, List, Mapping, MutableMapping, Optional, Sequence
+from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence
 
 from .cache import ProbeCache
 from .decision import decide_node, split_driver_env
-from .record import VIA_PLUGIN, Decision
 from .frameworks import parse_field
-from .names import FABRIC, FIELD, NET, P2P
+from .names import FIELD, GPUS
 from .node import NodeFacts, NodeGpus
 from .packs import fact_kinds
 from .packs.connections import explicit_value
-from .probe import probe_fabric, probe_gpus, probe_net, probe_p2p
+from .probe import node_facts, probes
+from .record import VIA_PLUGIN, Decision
 from .spec import Spec
 
 # How Ray tells the node's runtime-env agent the address it uses for the node
@@ -50,37 +50,31 @@ def check_runtime_env(runtime_env: Mapping[str, Any]) -> None:
 
 
 class NodeAgent:
-    """The plugin's state on one node: its GPU probe and, for jobs that ask
-    for a pack that reads them, its fabric, peer-access and network probes;
-    each cached."""
+    """The plugin's state on one node: one cached probe per kind of node fact
+    (``probe.probes``): the GPUs for every job, the others only for jobs
+    whose packs read them. ``cache`` and ``caches`` replace the GPUs' and
+    other kinds' caches (tests)."""
 
     def __init__(self, cache: Optional[ProbeCache] = None,
-                 fabric_cache: Optional[ProbeCache] = None,
-                 p2p_cache: Optional[ProbeCache] = None,
-                 net_cache: Optional[ProbeCache] = None) -> None:
-        self.cache = cache or ProbeCache(probe_gpus)
-        self.fabric_cache = fabric_cache or ProbeCache(probe_fabric)
-        self.p2p_cache = p2p_cache or ProbeCache(probe_p2p)
-        self.net_cache = net_cache or ProbeCache(lambda: probe_net(os.environ, agent_node_ip()))
-
-    def _caches(self, kinds: frozenset) -> List[ProbeCache]:
-        return [cache for kind, cache in ((FABRIC, self.fabric_cache), (P2P, self.p2p_cache),
-                                          (NET, self.net_cache)) if kind in kinds]
+                 caches: Optional[Mapping[str, ProbeCache]] = None) -> None:
+        # The agent's own environment is the node's; Ray gives it the node IP.
+        bound = probes(os.environ, agent_node_ip())
+        self.caches: Dict[str, ProbeCache] = {kind: ProbeCache(probe)
+                                              for kind, probe in bound.items()}
+        self.caches.update(caches or {})
+        if cache is not None:
+            self.caches[GPUS] = cache
 
     async def probe_async(self, runtime_env: Optional[Mapping[str, Any]] = None) -> NodeGpus:
         """Probe off the event loop before ``decide_and_write`` needs the results: the
         GPUs always, the other facts only when the job's packs read them."""
-        gpus = await self.cache.get_async()
-        for cache in self._caches(_fact_kinds(runtime_env) if runtime_env is not None
-                                  else frozenset()):
-            await cache.get_async()
+        gpus = await self.caches[GPUS].get_async()
+        for kind in _fact_kinds(runtime_env) if runtime_env is not None else ():
+            await self.caches[kind].get_async()
         return gpus
 
     def facts(self, spec: Spec) -> NodeFacts:
-        kinds = fact_kinds(spec.packs)
-        return NodeFacts(self.cache.get(), self.fabric_cache.get() if FABRIC in kinds else None,
-                         self.p2p_cache.get() if P2P in kinds else None,
-                         self.net_cache.get() if NET in kinds else None)
+        return node_facts(fact_kinds(spec.packs), lambda kind: self.caches[kind].get())
 
     def decide_and_write(self, runtime_env: Mapping[str, Any],
                          env_vars: MutableMapping[str, str], node_environ: Mapping[str, str],

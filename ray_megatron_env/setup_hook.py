@@ -301,10 +301,8 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     from .record import VIA_SETUP_HOOK
     from .errors import FieldValueError
     from .frameworks import parse_field
-    from .node import NodeFacts
-    from .names import FABRIC, NET, P2P
     from .packs import fact_kinds
-    from .probe import probe_fabric, probe_gpus, probe_net, probe_p2p
+    from .probe import node_facts, probes
 
     text = _own_field_text(environ, node_environ)
     if not text:
@@ -323,13 +321,8 @@ def decide_in_worker(environ: MutableMapping[str, str], node_environ: Optional[M
     # The node's environment, as the agent probes with it: never this
     # worker's CUDA_VISIBLE_DEVICES, which Ray rewrites per task.
     probe_env = node_environ if node_environ is not None else environ
-    kinds = fact_kinds(spec.packs)
-    facts = NodeFacts(cache(lambda: probe_gpus(probe_env), "gpus"),
-                      cache(lambda: probe_fabric(probe_env), "fabric")
-                      if FABRIC in kinds else None,
-                      cache(lambda: probe_p2p(probe_env), "p2p") if P2P in kinds else None,
-                      cache(lambda: probe_net(probe_env, _ray_node_ip()), "net")
-                      if NET in kinds else None)
+    bound = probes(probe_env, _ray_node_ip())
+    facts = node_facts(fact_kinds(spec.packs), lambda kind: cache(bound[kind], kind))
     if node_environ is None:
         env_vars: Dict[str, str] = dict(environ)  # nothing tells inherited from explicit
     else:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Collection, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence
 
 from ..node import ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeGpus, NodeNet, NodeP2P
 from ..names import (
-    DEVICE_ROOT_VARIABLE as ROOT_VARIABLE, FABRIC, FAKE_GPUS_VARIABLE as FAKE_VARIABLE, NET, P2P,
-    PROBE_METHOD_VARIABLE as METHOD_VARIABLE,
+    DEVICE_ROOT_VARIABLE as ROOT_VARIABLE, FABRIC, FAKE_GPUS_VARIABLE as FAKE_VARIABLE, GPUS, NET,
+    P2P, PROBE_METHOD_VARIABLE as METHOD_VARIABLE,
 )
 from . import fake, listings, net as net_source, nvml as nvml_source, smi
 from .common import (
@@ -163,10 +163,25 @@ def probe_net(environ: Mapping[str, str] = os.environ,
         return NodeNet(None, node_ip, error=f"unexpected {type(exc).__name__}: {exc}")
 
 
+def probes(environ: Mapping[str, str] = os.environ,
+           node_ip: Optional[str] = None) -> Dict[str, Callable[[], Any]]:
+    """The registry of node facts: one probe per kind (``names.GPUS`` and
+    ``names.FACT_KINDS``, each also a field of ``NodeFacts``), bound to the
+    node's environment and the address Ray gave the node. A new kind of
+    fact is one entry here."""
+    return {GPUS: lambda: probe_gpus(environ), FABRIC: lambda: probe_fabric(environ),
+            P2P: lambda: probe_p2p(environ), NET: lambda: probe_net(environ, node_ip)}
+
+
+def node_facts(kinds: Collection[str], get: Callable[[str], Any]) -> NodeFacts:
+    """``NodeFacts`` with the GPUs and each kind in ``kinds``, each taken
+    with ``get(kind)`` (a cache, or a probe run now)."""
+    return NodeFacts(get(GPUS), **{kind: get(kind) for kind in kinds})
+
+
 def probe_node(kinds: Collection[str] = (), environ: Mapping[str, str] = os.environ,
                node_ip: Optional[str] = None) -> NodeFacts:
     """The GPUs and each other kind of fact in ``kinds`` (``fabric``,
     ``p2p``, ``net``: what a job's packs read), uncached."""
-    return NodeFacts(probe_gpus(environ), probe_fabric(environ) if FABRIC in kinds else None,
-                     probe_p2p(environ) if P2P in kinds else None,
-                     probe_net(environ, node_ip) if NET in kinds else None)
+    bound = probes(environ, node_ip)
+    return node_facts(kinds, lambda kind: bound[kind]())

@@ -252,7 +252,7 @@ class _CountingFabric:
 def test_the_agent_probes_the_fabric_only_for_jobs_that_ask():
     fabric = _CountingFabric()
     agent = NodeAgent(ProbeCache(lambda: NodeGpus.known([(10, 0)], "fake")),
-                      ProbeCache(fabric))
+                      {"fabric": ProbeCache(fabric)})
     env_vars = {}
     agent.decide_and_write({"megatron_env": MEGATRON_TP2}, env_vars, {}, logging.getLogger("t"))
     assert fabric.runs == 0 and nccl(env_vars) == {}

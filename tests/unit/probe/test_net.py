@@ -192,7 +192,7 @@ def test_the_agent_probes_the_network_only_for_jobs_that_ask():
         return NodeNet((("ens5", ("10.0.1.7",)),), "10.0.1.7", ())
 
     agent = NodeAgent(ProbeCache(lambda: NodeGpus.known([(9, 0)], "fake")),
-                      net_cache=ProbeCache(probe))
+                      caches={"net": ProbeCache(probe)})
     env_vars = {"NCCL_SOCKET_IFNAME": "eth0"}
     decision = agent.decide_and_write(CUDA_JOB, dict(env_vars), {}, logging.getLogger("t"))
     assert "NCCL_SOCKET_IFNAME" not in decision.variables and not probes
