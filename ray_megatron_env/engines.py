@@ -2,8 +2,9 @@
 strategy names, the checks that assert on a value, Megatron-Core's names and
 keys, CUDA's variable with its range, and the packs' names.
 
-Imports only ``names``. A name spelt here is spelt nowhere else (a reader that meets Megatron-Core's dispatcher keys imports
-them from here).
+Imports nothing of the package (the packs' names and CUDA's variable live in
+``names``). A name spelt here is spelt nowhere else (a reader that meets
+Megatron-Core's dispatcher keys imports them from here).
 """
 
 from __future__ import annotations

@@ -63,8 +63,9 @@ SETUP_HOOK_FIELD = "worker_process_setup_hook"  # honoured in the job's env only
 EXPORTED_FUNCTION = "ray_runtime_env_func::"
 UV_SWITCH_VARIABLE = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"  # ray_constants, from 2.47
 # Ray's switch that lets ray.init's env win a conflict with a submitted
-# job's, and the variable in which the job supervisor hands a submitted
-# job's env to its driver (ray._private.runtime_env.constants).
+# job's (read as a literal in ray/_private/worker.py), and the variable in
+# which the job supervisor hands a submitted job's env to its driver
+# (ray._private.runtime_env.constants).
 OVERRIDE_VARIABLE = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 

@@ -202,13 +202,14 @@ class SimulatedCluster:
             self._cluster.shutdown()
             self._cluster = None
             self._stop_stragglers()
+        if not self._tmpdir:
+            return  # never started: the caller's RAY_TMPDIR was not ours to change
         if self._saved_tmpdir is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = self._saved_tmpdir
-        if self._tmpdir:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        shutil.rmtree(self._tmpdir, ignore_errors=True)
+        self._tmpdir = None
 
     def _stop_stragglers(self) -> None:
         """Stop what Ray's own shutdown left running. A node's dashboard

@@ -101,3 +101,9 @@ def test_the_ray_processes_of_one_cluster_are_found_by_its_environment(sleeper):
     found = ray_processes(marker)
     assert ours.pid in found and "raylet" in found[ours.pid]
     assert not_ray.pid not in found and another.pid not in found
+
+
+def test_shutting_down_a_cluster_never_started_leaves_the_callers_ray_tmpdir(monkeypatch):
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp/the-callers")
+    SimulatedCluster([SimulatedNode("a100", "8.0")]).shutdown()
+    assert os.environ["RAY_TMPDIR"] == "/tmp/the-callers"
