@@ -18,7 +18,6 @@ from ray_megatron_env.probe import probe_p2p
 
 # --- the GPUs ----------------------------------------------------------------
 
-
 def test_nvml_all_devices():
     nvml = FakeNvml(GPUS)
     result = probe(nvml)

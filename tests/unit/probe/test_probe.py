@@ -18,7 +18,6 @@ from ray_megatron_env.probe import METHOD_VARIABLE
 
 # --- falling back, or not ----------------------------------------------------------------
 
-
 def test_nvml_visible_devices_error_does_not_fall_back(smi):
     # nvidia-smi would read the same CUDA_VISIBLE_DEVICES: no point asking it.
     result = probe(FakeNvml(GPUS), smi=NO_SMI, visible="3")
