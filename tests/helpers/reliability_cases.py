@@ -221,10 +221,10 @@ FAULTS: Tuple[Fault, ...] = (
           "/dev/davinci<N> an Ascend node, /dev/mtgpu.<N> a Moore Threads node; only when "
           "every source says none is the node 'no GPU'", "nothing",
           ("unit/probe/test_probe.py::test_library_not_found_is_not_no_gpu_nvidia_smi_is_asked",
-           "unit/probe/test_probe.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
-           "unit/probe/test_probe.py::test_an_amd_node_is_named_as_such",
-           "unit/probe/test_probe.py::test_ascend_and_moore_threads_nodes_are_named_never_no_gpu",
-           "unit/probe/test_probe.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
+           "unit/probe/test_listings.py::test_devices_in_the_driver_listing_make_the_node_unknown_not_gpu_free",
+           "unit/probe/test_listings.py::test_an_amd_node_is_named_as_such",
+           "unit/probe/test_listings.py::test_ascend_and_moore_threads_nodes_are_named_never_no_gpu",
+           "unit/probe/test_listings.py::test_library_and_nvidia_smi_missing_and_no_listing_is_no_gpu",
            "cluster/test_plugin.py::test_nvml_path_on_a_real_node_agrees_with_a_local_probe",
            "cluster/test_plugin.py::test_nvml_unloadable_falls_back_to_nvidia_smi_on_a_real_node",
            "cluster/test_faults.py::test_nvidia_devices_listed_by_the_kernel_are_never_no_gpu",
@@ -232,7 +232,7 @@ FAULTS: Tuple[Fault, ...] = (
     Fault("an NVML call hangs in the driver", "given up after 3 s (unknown, conservative, "
           "reason recorded); the stuck call is never waited on again; nvidia-smi still asked",
           "nothing",
-          ("unit/probe/test_probe.py::test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice",)),
+          ("unit/probe/test_nvml.py::test_a_hung_nvml_gives_unknown_within_its_bound_and_is_not_waited_on_twice",)),
     Fault("NVML init error (driver not loaded, version mismatch)",
           "nvidia-smi is tried; if it fails too, the GPUs are 'unknown', the conservative rule "
           "applies and the decision's probe.error and warnings say why", "nothing",
@@ -240,7 +240,7 @@ FAULTS: Tuple[Fault, ...] = (
     Fault("a per-device NVML error (GPU lost)", "as above", "nothing",
           ("unit/probe/test_probe.py::test_nvml_device_error_falls_back_to_nvidia_smi",)),
     Fault("garbage from nvidia-smi", "unknown GPUs, conservative rule, error recorded", "nothing",
-          ("unit/probe/test_probe.py::test_nvidia_smi_errors",)),
+          ("unit/probe/test_smi.py::test_nvidia_smi_errors",)),
     Fault("nvidia-smi hangs", "killed with its process group after 3 s; the worker starts with "
           "the conservative value; other runtime envs on the node start meanwhile (the probe "
           "runs off the agent's event loop)", "nothing",

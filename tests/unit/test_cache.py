@@ -1,18 +1,22 @@
 """The per-node caches (cache.py): ``fresh``, the workers' ``NodeCache`` files
 in the session folder (one per kind of fact, the decisions and their key),
-and several workers starting at once sharing one probe. ``ProbeCache``, the
-agent's in-process cache, is tested with the probe (tests/unit/probe/test_probe.py).
-File names are docs/operators.md's and docs/performance.md's."""
+and several workers starting at once sharing one probe; ``ProbeCache``, the
+agent's in-process cache (one probe per process, off the event loop, a failure
+retried after a while). File names are docs/operators.md's and docs/performance.md's."""
 
+import asyncio
 import json
 import multiprocessing
 import os
+import threading
+import time
+from typing import List
 
 import pytest
 
 from cache_race import probe_in_process
-from ray_megatron_env.cache import NodeCache, fresh
-from ray_megatron_env.node import NodeGpus
+from ray_megatron_env.cache import NodeCache, ProbeCache, fresh
+from ray_megatron_env.node import NodeGpus, parse_fake_node
 
 
 def test_workers_starting_together_share_one_probe(tmp_path):
@@ -190,3 +194,153 @@ def test_a_kept_decision_is_read_back_by_its_key(cached, tmp_path):
     cached.keep_decision("0" * 32, entry)
     assert cached.decision("0" * 32) == entry
     assert (tmp_path / "megatron_env" / f"decision-n-{'0' * 32}.json").is_file()
+
+
+# --- the peer-access facts ------------------------------------------------------------
+
+# 8xL40S on two PCIe root complexes, CUDA driver 12.8 (tests/unit/packs/test_nccl_host_mem.py).
+L40S_OLD = json.dumps({"gpus": "8.9,8.9,8.9,8.9,8.9,8.9,8.9,8.9",
+                       "p2p": [[i, j] for i in range(4) for j in range(4, 8)],
+                       "cuda_driver": "12.8"})
+
+
+def test_the_node_caches_round_trip_the_facts(tmp_path):
+    from ray_megatron_env.cache import NodeCache
+
+    cache = NodeCache(str(tmp_path), "node1")
+    first = cache.get(lambda: parse_fake_node(L40S_OLD).p2p, "p2p")
+    again = cache.get(lambda: pytest.fail("probed twice"), "p2p")
+    assert (again.count, again.without, again.cuda_driver) == \
+        (first.count, first.without, first.cuda_driver) == (8, first.without, (12, 8))
+    assert cache.stamp(("p2p",)) is not None
+
+
+# --- ProbeCache, the agent's in-process cache ------------------------------------------
+
+class CountingProbe:
+    def __init__(self, *results: NodeGpus, delay: float = 0.0):
+        self.results = list(results) or [NodeGpus.known([(9, 0)], "fake")]
+        self.delay = delay
+        self.threads: List[int] = []
+        self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> int:
+        return len(self.threads)
+
+    def __call__(self) -> NodeGpus:
+        with self._lock:
+            self.threads.append(threading.get_ident())
+            result = self.results[min(len(self.threads), len(self.results)) - 1]
+        time.sleep(self.delay)
+        return result
+
+
+def test_cache_probes_once():
+    probe_ = CountingProbe()
+    cache = ProbeCache(probe_)
+    results = [cache.get() for _ in range(50)]
+    assert probe_.calls == 1 and cache.runs == 1
+    assert all(r is results[0] for r in results)
+    assert results[0].capabilities == ((9, 0),)
+
+
+def test_cache_probes_once_across_threads():
+    probe_ = CountingProbe(delay=0.05)
+    cache = ProbeCache(probe_)
+    barrier = threading.Barrier(16)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(cache.get())
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(results) == 16
+    assert probe_.calls == 1 and cache.runs == 1
+    assert all(r is results[0] for r in results)
+
+
+def test_cache_get_async_probes_once_off_the_event_loop():
+    probe_ = CountingProbe(delay=0.3)
+    cache = ProbeCache(probe_)
+
+    async def main():
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        results = await asyncio.gather(*(cache.get_async() for _ in range(20)))
+        done.set()
+        await ticking
+        again = await cache.get_async()
+        return results, again, ticks, threading.get_ident()
+
+    results, again, ticks, loop_thread = asyncio.run(main())
+    assert probe_.calls == 1 and cache.runs == 1
+    assert probe_.threads[0] != loop_thread
+    assert ticks >= 10, f"the event loop was blocked: {ticks} ticks in 0.3 s"
+    assert all(r is results[0] for r in results) and again is results[0]
+    assert results[0].capabilities == ((9, 0),)
+
+
+def test_failed_result_is_retried_after_the_delay_and_success_is_kept():
+    now = [1000.0]
+    probe_ = CountingProbe(NodeGpus.unknown("nvml", "first"), NodeGpus.unknown("nvml", "second"),
+                           NodeGpus.known([(8, 0)], "nvml"), NodeGpus.unknown("nvml", "never"))
+    cache = ProbeCache(probe_, retry_failed_after_s=60.0, clock=lambda: now[0])
+
+    assert cache.get().error == "first"
+    now[0] += 59.9
+    assert cache.get().error == "first" and probe_.calls == 1
+    now[0] += 0.1
+    assert cache.get().error == "second" and probe_.calls == 2
+    now[0] += 30
+    assert cache.get().error == "second" and probe_.calls == 2
+    now[0] += 30
+    assert cache.get().capabilities == ((8, 0),) and probe_.calls == 3
+    now[0] += 1e9
+    assert cache.get().capabilities == ((8, 0),) and probe_.calls == 3
+    assert cache.runs == 3
+
+
+def test_failed_result_is_retried_by_get_async_too():
+    now = [0.0]
+    probe_ = CountingProbe(NodeGpus.unknown("nvml", "first"), NodeGpus.known([(8, 0)], "nvml"))
+    cache = ProbeCache(probe_, retry_failed_after_s=10.0, clock=lambda: now[0])
+
+    async def main():
+        first = await cache.get_async()
+        now[0] = 9.0
+        cached = await cache.get_async()
+        now[0] = 10.0
+        return first, cached, await cache.get_async()
+
+    first, cached, retried = asyncio.run(main())
+    assert first.error == "first" and cached is first
+    assert retried.capabilities == ((8, 0),)
+    assert probe_.calls == 2
+
+
+@pytest.mark.parametrize("outcome", [NodeGpus.known([(9, 0)], "fake"),
+                                     NodeGpus.unknown("nvml", "broken")])
+def test_cached_result_carries_time_and_pid(outcome):
+    assert outcome.probed_at is None and outcome.probe_pid is None
+    cache = ProbeCache(CountingProbe(outcome))
+    before = time.time()
+    result = cache.get()
+    after = time.time()
+    assert before <= result.probed_at <= after
+    assert result.probe_pid == os.getpid()
+    assert (result.capabilities, result.method, result.error) == \
+        (outcome.capabilities, outcome.method, outcome.error)

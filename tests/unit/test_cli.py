@@ -374,3 +374,8 @@ def test_explain_takes_a_vendors_name_in_gpus_and_node_alike(capsys):
     # verl's Megatron actor is TP=2 and nothing runs Megatron-LM's check:
     # the Ascend row asks 1 as a preference (rules.md#non-cuda-accelerators).
     assert data["value"] == "1"
+
+
+def test_node_env_takes_name_value(capsys):
+    assert main(["explain", str(MEGATRON_YAML), "--gpus", "8.0", "--node-env", "X"]) == 2
+    assert "--node-env takes NAME=VALUE" in capsys.readouterr().err

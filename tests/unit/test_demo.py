@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
+from ray_megatron_env import build_runtime_env
 from ray_megatron_env.check import NodeReport
+from ray_megatron_env.decision import decide_node
+from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.record import Decision
 
 CLI = [sys.executable, "-m", "ray_megatron_env"]
@@ -167,3 +170,31 @@ def test_demo_json_keeps_its_fields_and_adds_the_short_name(monkeypatch, capsys)
         ("verl, Megatron TP=2 with packs", None, "packs")]
     assert set(runs[0]["nodes"][0]) == {"node_id", "ip", "registered", "value", "decision",
                                         "error", "label", "advice", "ok", "via", "problem"}
+
+
+# --- the demo's nodes (demo --packs te-fp8-scales,fla-backend,net-ifaces) -------------
+
+SCALES, TILELANG = "NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "FLA_TILELANG"
+MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}
+
+
+def test_the_demo_nodes_images_meet_the_three_packs():
+    from ray_megatron_env.demo import DEMO_NODES
+    from ray_megatron_env.probe import probe_node
+
+    spec = parse_field(build_runtime_env(
+        MEGATRON_TP2, packs=["te-fp8-scales", "fla-backend", "net-ifaces"])["megatron_env"])
+    acted = {}
+    for demo_node in DEMO_NODES:
+        environ = demo_node.environment()
+        decision = decide_node(spec, probe_node(("net",), environ), {}, environ).decision
+        acted[demo_node.name] = {name: (entry.value, entry.rule)
+                                 for name, entry in decision.variables.items()
+                                 if entry.pack != "cuda-connections" and entry.action == "set"
+                                 and entry.source == "policy"}
+    assert acted == {
+        "cpu_head": {}, "v100": {}, "a100": {}, "h100_b200": {},
+        "h100": {TILELANG: ("1", "tilelang-off-on-hopper")},
+        "gb200": {SCALES: ("0", "fp32-scales-on-blackwell"),
+                  TILELANG: ("0", "tilelang-on-blackwell")},
+        "l40s": {"NCCL_SOCKET_IFNAME": ("ens5", "names-no-interface-here")}}

@@ -11,7 +11,8 @@ import pytest
 
 from ray_megatron_env.node import (
     COMPLETED, NOT_SUPPORTED, FakeNodeError, GpuFabric, NodeFabric, NodeGpus, NodeP2P,
-    facts_from_record, format_capability, parse_capability, parse_gpu_list, parse_kernel_driver,
+    facts_from_record, format_capability, parse_capability, parse_driver, parse_gpu_list,
+    parse_kernel_driver,
 )
 
 UUID = "5d3f0c2a-8b1e-4c7d-9a6f-2e4b8c1d7f30"
@@ -134,6 +135,13 @@ def test_the_kernel_drivers_version_as_nvml_writes_it(text, version):
 def test_anything_else_is_not_a_kernel_driver_version(text):
     with pytest.raises(ValueError, match="not a kernel driver version"):
         parse_kernel_driver(text)
+
+
+def test_parse_driver_reads_nvmls_integer_and_words():
+    assert parse_driver(12080) == (12, 8)
+    assert parse_driver(13000) == (13, 0)
+    assert parse_driver(12060) == (12, 6)
+    assert parse_driver("12.10") == (12, 10)
 
 
 # --- a GPU list as text (RAY_MEGATRON_ENV_FAKE_GPUS, explain --gpus) ------------------

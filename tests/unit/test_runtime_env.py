@@ -128,15 +128,6 @@ def test_bad_configs(config, error, words):
         assert word in str(info.value)
 
 
-def test_yaml_tags_cannot_run_code(tmp_path):
-    marker = tmp_path / "ran"
-    path = tmp_path / "evil.yaml"
-    path.write_text(f"critic: !!python/object/apply:os.system ['touch {marker}']\n")
-    with pytest.raises(FieldValueError, match="cannot load config file"):
-        build_runtime_env(path)
-    assert not marker.exists()
-
-
 def test_a_compact_form_written_in_yaml(tmp_path):
     path = tmp_path / "compact.yaml"
     path.write_text("engines:\n  trainer:\n    strategy: megatron\n    context_parallel: 2\n")

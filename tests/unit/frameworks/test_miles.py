@@ -1,7 +1,8 @@
-"""miles (radixark/miles @ 31f1ca96, a slime fork): its arguments are
-slime's and read by the slime reader; its SGLang engines carry
-SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false (miles/ray/rollout/
-server_group.py) instead of slime's variable, and are told apart by it.
+"""Topical: miles (radixark/miles @ 31f1ca96, a slime fork), which has no
+reader of its own: its arguments are slime's and read by the slime reader;
+its SGLang engines carry SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false
+(miles/ray/rollout/server_group.py) instead of slime's variable, and are
+told apart by it.
 
 The argument lists are the ones miles' Python launcher scripts/
 run_qwen3_4b.py builds with its defaults (hardware H100: 8 GPUs; Qwen3-4B:

@@ -1,5 +1,7 @@
-"""Round three of the rule table, through the framework readers: named
-non-CUDA accelerators, the MoE flex dispatcher, Megatron-Core's UCC assert.
+"""Topical: round three of the rule table (cuda-connections), through the
+framework readers: named non-CUDA accelerators, the MoE flex dispatcher,
+Megatron-Core's UCC assert
+(the compact form's dispatcher keys: tests/unit/frameworks/test_compact.py).
 
 Expected values come from the sources the rows cite (docs/rules.md): LM's
 TP/CP assert fires on Ascend and MUSA, whose runtimes ignore the variable;
@@ -16,10 +18,8 @@ from omegaconf import OmegaConf
 from ray_megatron_env.cli import main
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain
-from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.frameworks.nemo_rl import READER as NEMO_RL
 from ray_megatron_env.frameworks.loading import load_spec
-from ray_megatron_env.spec import Engine
 
 from configs import ACTOR, FSDP_YAML, plain
 from paths import FIXTURES
@@ -79,7 +79,7 @@ def test_explain_names_the_vendor_tokens_when_gpus_is_wrong():
         explain(plain(), "tpu")
 
 
-# --- the flex dispatcher in verl, NeMo-RL, slime and the compact form --------------
+# --- the flex dispatcher in verl, NeMo-RL and slime -------------------------------
 
 @pytest.mark.parametrize("backend", ["deepep", "hybridep"])
 @pytest.mark.parametrize("gpus", ["8.0", "9.0", "10.0"])
@@ -139,29 +139,6 @@ def test_slime_dispatcher_and_pipeline_backend_flags():
     assert dict(spec.engines)["actor"].dispatcher == "deepep"
     spec, _ = load_spec(slime_args("--pipeline-model-parallel-comm-backend", "ucc"))
     assert dict(spec.engines)["actor"].pipeline_backend == "ucc"
-
-
-def test_compact_keys_round_trip_and_defaults_drop_out():
-    engine = {"strategy": "megatron", "dispatcher": "hybridep", "pipeline_backend": "ucc"}
-    spec = parse_field({"engines": {"actor": engine}})
-    assert spec.to_field()["engines"]["actor"] == engine
-    assert parse_field(spec.to_field()) == spec
-    nccl = parse_field({"engines": {"actor": {"strategy": "megatron",
-                                              "pipeline_backend": "nccl"}}})
-    assert nccl.to_field()["engines"]["actor"] == {"strategy": "megatron"}
-    # A non-Megatron engine has neither.
-    assert Engine("fsdp", "fsdp", dispatcher="deepep").to_field() == {"strategy": "fsdp"}
-
-
-@pytest.mark.parametrize("key, value, words", [
-    ("dispatcher", "alltoall", "leave it out for the all-to-all"),
-    ("dispatcher", 3, "must be a string"),
-    ("pipeline_backend", "gloo", "nccl, ucc"),
-])
-def test_compact_keys_refuse_bad_values_naming_the_key(key, value, words):
-    with pytest.raises(Exception, match=words) as caught:
-        parse_field({"engines": {"actor": {"strategy": "megatron", key: value}}})
-    assert f"engines.actor.{key}" in str(caught.value)
 
 
 # --- Megatron-Core's UCC assert --------------------------------------------------

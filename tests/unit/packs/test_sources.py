@@ -1,4 +1,4 @@
-"""Issue 29 (items 2 to 8): the torch-arch, nccl-host-mem and nccl-fabric
+"""Topical: issue 29 (items 2 to 8), the torch-arch, nccl-host-mem and nccl-fabric
 rows against their sources. Every expected value here is written by hand
 from the source named beside it, never computed by the code under test:
 
@@ -25,7 +25,6 @@ import pytest
 from ray_megatron_env.cli import OK, main
 from ray_megatron_env.explanation import explain_node
 from ray_megatron_env.node import FakeNodeError, parse_fake_node
-from ray_megatron_env.packs.pack import canonical
 from ray_megatron_env.probe import probe_p2p
 
 from configs import MEGATRON_YAML
@@ -130,19 +129,6 @@ def test_a_jobs_empty_list_breaks_only_a_preferred_rule():
     result = explain_node(MEGATRON_TP2, "8.0", packs=["torch-arch"], job_env={ARCHS: ""})
     [warning] = [w for w in result.decision.warnings if ARCHS in w]
     assert "breaks a preferred rule" in warning and "required" not in warning
-
-
-# --- NCCL values as NCCL reads them ----------------------------------------------
-
-# value -> what NCCL's strtoll(str, NULL, 0) gives; CUDA_DEVICE_MAX_CONNECTIONS
-# stays decimal (its reader, the CUDA driver, is closed).
-@pytest.mark.parametrize("value,nccl,cuda", [
-    ("0", "0", "0"), ("0x0", "0", "0x0"), ("010", "8", "10"), (" 0", "0", "0"),
-    ("1abc", "1", "1abc"), ("-1", "-1", "-1"), ("", "", ""),
-])
-def test_canonical_reads_nccl_values_with_strtoll_base_0(value, nccl, cuda):
-    assert canonical(value, "NCCL_CUMEM_HOST_ENABLE") == nccl
-    assert canonical(value, "CUDA_DEVICE_MAX_CONNECTIONS") == cuda
 
 
 # --- nccl-host-mem: the kernel driver decides ------------------------------------

@@ -1,4 +1,4 @@
-"""Issue 37 (rule truth, round six): the nccl-host-mem, nccl-fabric and
+"""Topical: issue 37 (rule truth, round six), the nccl-host-mem, nccl-fabric and
 torch-arch rows against their sources. Every expected value is written by
 hand from the source named beside it, never computed by the code under test:
 
@@ -34,7 +34,6 @@ from ray_megatron_env.doc_tables import markdown_table
 from ray_megatron_env.explanation import explain_node
 from ray_megatron_env.packs import get_pack
 from ray_megatron_env.packs.pack import canonical
-from ray_megatron_env.packs.nccl_p2p import p2p_level_loc
 
 HOST, CUMEM = "NCCL_CUMEM_HOST_ENABLE", "NCCL_CUMEM_ENABLE"
 P2P_OFF, LEVEL, SHM_OFF = "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE"
@@ -113,35 +112,7 @@ def test_done_when_explain_writes_0_under_the_jobs_cumem_off(capsys):
     assert out["variables"][HOST]["rule"] == "cumem-off"
 
 
-# --- 6. NCCL_P2P_LEVEL=LOC: P2P level 0 -----------------------------------------
-
-# NCCL_P2P_DISABLE, NCCL_P2P_LEVEL -> the variable that makes the level PATH_LOC
-@pytest.mark.parametrize("disable,level,which", [
-    (None, "LOC", LEVEL),
-    (None, "0", LEVEL),          # old numbering: levelsOldToNew[0] is PATH_LOC
-    (None, "00", LEVEL),         # strtol base 0: octal 0
-    (None, "0x0", LEVEL),
-    (None, "08", LEVEL),         # strtol stops at '8' (not octal): 0
-    (None, "0abc", LEVEL),       # trailing text ignored
-    (None, "4294967296", LEVEL),  # 2^32: the long's low 32 bits in an int are 0
-    (None, "1", None),           # PATH_PIX
-    (None, "5", None),           # clamped to PATH_SYS
-    (None, "NVL", None), (None, "PIX", None), (None, "SYS", None),
-    (None, "loc", None),         # strcmp is case-sensitive; 'l' is not a digit
-    (None, " LOC", None), (None, " 0", None),  # str[0] is a blank
-    (None, "", None), (None, None, None),
-    ("1", None, P2P_OFF), ("0x1", None, P2P_OFF), ("1abc", None, P2P_OFF),
-    ("4294967297", None, P2P_OFF),  # (int) of 2^32 + 1 is 1
-    ("1", "LOC", P2P_OFF),       # the level is read only where DISABLE is not 1
-    ("0", "LOC", LEVEL), ("", "LOC", LEVEL), ("2", "LOC", LEVEL),
-    ("0", "SYS", None),
-])
-def test_ncclgetlevels_reading(disable, level, which):
-    job = {k: v for k, v in ((P2P_OFF, disable), (LEVEL, level)) if v is not None}
-    assert p2p_level_loc(job, {}) == which
-    # the same from the node's environment
-    assert p2p_level_loc({}, job) == which
-
+# --- 6. NCCL_P2P_LEVEL=LOC: P2P level 0 (its reading: test_nccl_p2p.py) ---------
 
 @pytest.mark.parametrize("job,inherited,warns", [
     ({LEVEL: "LOC"}, {}, True),          # the Done-when row

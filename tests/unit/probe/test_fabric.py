@@ -1,5 +1,6 @@
-"""The fabric probe: real nvidia-smi -q outputs, NVML's fabric record
-through pynvml's own structures, the IMEX channel, and the fake node.
+"""Topical: the fabric probe across its sources: real nvidia-smi -q
+outputs, NVML's fabric record through pynvml's own structures, the IMEX
+channel, and the fake node.
 
 Fixtures: tests/fixtures/nvidia_smi/README.md says where each comes from.
 """

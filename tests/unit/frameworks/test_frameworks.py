@@ -1,5 +1,6 @@
-"""The registry: which reader a config is for, and the errors when none or
-several are, or a key is misspelt."""
+"""frameworks/__init__, the registry: which reader a config is for, and the
+errors when none or several are, or a key is misspelt. Loading a file or a
+DictConfig: tests/unit/frameworks/test_loading.py."""
 
 import argparse
 
@@ -108,16 +109,3 @@ def test_an_unknown_file_or_dictconfig_is_described_by_its_real_keys(tmp_path, t
         assert keys in str(info.value) and hint in str(info.value), form
     with pytest.raises(FieldValueError, match=hint.replace("?", r"\?")):
         explain(str(path), gpus="9.0")
-
-
-def test_a_file_of_plain_text_is_not_described_by_top_level_keys(tmp_path):
-    # YAML reads a pasted command line as one string; OmegaConf would make it
-    # the single key of a mapping.
-    from ray_megatron_env.frameworks.loading import load_spec
-
-    path = tmp_path / "args.txt"
-    path.write_text("python3 train.py \\\n  --actor-num-nodes 1 \\\n  --colocate\n")
-    with pytest.raises(FieldValueError) as info:
-        load_spec(str(path))
-    assert "holds plain text" in str(info.value) and "'python3'" in str(info.value)
-    assert "top-level keys" not in str(info.value)
