@@ -18,6 +18,9 @@ from ray_megatron_env import build_runtime_env
 from workers import env_on
 
 CLUSTER = "faults"
+# A node set of its own, nine nodes (about 30 s with its start): .ci/run runs
+# it, the README's command leaves it out.
+pytestmark = pytest.mark.slow
 MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}
 
 

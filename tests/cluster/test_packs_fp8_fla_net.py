@@ -18,6 +18,7 @@ nothing.
 import json
 import subprocess
 
+import pytest
 import ray
 
 from ray_megatron_env import build_runtime_env
@@ -26,6 +27,9 @@ from paths import FIXTURES
 from workers import env_in_actors
 
 CLUSTER = "fp8_fla_net"
+# A node set of its own (about 25 s with its start); the agent's node IP (its
+# --node-ip-address) and the worker's are Ray plumbing: run on both Rays.
+pytestmark = [pytest.mark.slow, pytest.mark.ray_version_specific]
 SCALES, TILELANG = "NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "FLA_TILELANG"
 NCCL, GLOO = "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"
 MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}

@@ -25,8 +25,9 @@ from drivers import last_json, run_driver
 from workers import read
 
 # Ray's worker startup order and its job config cache are what is tested,
-# and they differ between Ray releases.
-pytestmark = pytest.mark.ray_version_specific
+# and they differ between Ray releases. Slow: three jobs whose first tasks
+# are held back 2 s (about 20 s); .ci/run runs it on both Rays.
+pytestmark = [pytest.mark.ray_version_specific, pytest.mark.slow]
 
 NODES = ["a100_inherit1", "a100_inherit1_unplugged"]  # registered, not registered
 FSDP = {"version": 2, "engines": {"actor": {"strategy": "fsdp"}}}
