@@ -7,8 +7,9 @@ came in.
 
 from __future__ import annotations
 
+import difflib
 import re
-from typing import Any, Mapping, Sequence, Tuple
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from .errors import FieldTypeError, FieldValueError
 from .engines import CUDA_RANGE
@@ -116,6 +117,26 @@ def not_a_mapping(key: str, value: Any) -> FieldTypeError:
     raises its own message)."""
     _reject_interpolation(value, key)
     return fail_type(key, "a mapping", value)
+
+
+def closest(word: str, known: Iterable[str], cutoff: float = 0.8) -> Optional[str]:
+    """The known name that ``word`` most likely misspells (difflib's ratio
+    at least ``cutoff``), or None; ``word`` itself when it is known."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def optional(config: Any, path: str, default: Any = None) -> Any:
+    """The value at ``path``, or ``default`` where the config leaves it out
+    or holds null there (as the framework's own default would apply)."""
+    found, value = lookup(config, path)
+    return default if not found or value is None else value
+
+
+def optional_flag(config: Any, path: str, default: bool = False) -> bool:
+    """A true/false value at ``path`` (checked), ``default`` where absent or null."""
+    value = optional(config, path)
+    return default if value is None else read_flag(value, path)
 
 
 def lookup(config: Any, path: str, *, strict: bool = True) -> Tuple[bool, Any]:

@@ -20,14 +20,13 @@ A reader module (``verl``, ``nemo_rl``, ...) takes ``Reader`` from
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 from typing import Any, Mapping, Tuple
 
 from ..names import ALWAYS_ON, FIELD
 from ..errors import FieldTypeError, FieldValueError
 from ..spec import Spec
-from ..values import fail_type
+from ..values import closest, fail_type
 from .compact import is_compact, read_compact
 from .reader import Reader
 
@@ -137,9 +136,9 @@ def reader_for(config: Mapping[str, Any]) -> Reader:
     for reader, _ in candidates:
         for marker in reader.markers:
             root = marker.split(".")[0]
-            close = difflib.get_close_matches(root, keys, n=1, cutoff=0.75)
-            if close and close[0] != root:
-                hints.append(f"{close[0]!r} looks like {reader.name}'s {root!r}")
+            close = closest(root, keys, cutoff=0.75)
+            if close is not None and close != root:
+                hints.append(f"{close!r} looks like {reader.name}'s {root!r}")
     looked_for = "; ".join(f"{reader.name}: one of {', '.join(reader.markers)}"
                            for reader, _ in candidates)
     known = [advice for reader, _ in candidates for keys_of, advice in reader.unsupported

@@ -18,7 +18,6 @@ config sets the variable in a ``scheduling_spec``'s ``env_vars``.
 
 from __future__ import annotations
 
-import difflib
 import re
 import warnings
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from ..engines import FSDP, INFERENCE, MEGATRON
 from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec
 from ..values import (
-    fail_type, lookup, MAX_PARALLEL_SIZE, parse_connections, read_flag, read_name, show,
+    MAX_PARALLEL_SIZE, closest, fail_type, lookup, parse_connections, read_flag, read_name,
+    show,
 )
 from .reader import Reader
 
@@ -361,10 +361,10 @@ def _refuse_a_misspelt_section(config: Mapping[str, Any]) -> None:
     """A top-level key that is nearly a role name (``rolout:``) would leave
     that role out silently; AReaL's structured config refuses the key."""
     for key in map(str, config):
-        close = difflib.get_close_matches(key, ROLES, n=1, cutoff=0.75)
-        if close and close[0] != key:
+        close = closest(key, ROLES, cutoff=0.75)
+        if close is not None and close != key:
             raise FieldValueError(
-                f"{FIELD}: the top-level key {key!r} looks like AReaL's {close[0]!r}; "
+                f"{FIELD}: the top-level key {key!r} looks like AReaL's {close!r}; "
                 f"AReaL's engine sections are {', '.join(ROLES)}: rename it")
 
 

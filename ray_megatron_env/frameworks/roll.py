@@ -44,7 +44,8 @@ from ..engines import (
 from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
 from ..values import (
-    fail_type, lookup, parse_connections, read_flag, read_name, read_size, read_token,
+    fail_type, lookup, optional_flag, parse_connections, read_flag, read_name, read_size,
+    read_token,
 )
 from .chain import load_link
 from .reader import Reader
@@ -181,11 +182,6 @@ def _cluster_name(section: Mapping[str, Any], role: str, cluster: str, top_envs:
     return cluster
 
 
-def _flag(config: Mapping[str, Any], key: str) -> bool:
-    value = config.get(key)
-    return value is not None and read_flag(value, key)
-
-
 def _number(config: Mapping[str, Any], key: str, default: float) -> float:
     value = config.get(key)
     if value is None:
@@ -214,9 +210,9 @@ def _sections(config: Mapping[str, Any]
     # start_onpolicy_distill_pipeline.py forces is_pure_opd; its configs have
     # student_train/student_infer, which PPOConfig maps onto actor_train/actor_infer
     # (base_config.py _handle_opd_mapping).
-    pure_opd = not distill and (_flag(config, "is_pure_opd")
+    pure_opd = not distill and (optional_flag(config, "is_pure_opd")
                                 or config.get("student_train") is not None)
-    opd = pure_opd or (not distill and _flag(config, "use_opd"))
+    opd = pure_opd or (not distill and optional_flag(config, "use_opd"))
     # RLVRPipeline and AgenticPipeline (a PPOConfig with an inference role);
     # DPO, SFT and distillation start every section they have.
     ppo = not distill and (opd or config.get("actor_infer") is not None)
@@ -288,7 +284,7 @@ def _not_started(config: Mapping[str, Any], role: str, ppo: bool, agentic: bool,
     if not ppo:
         return None
     if role == "reference":
-        kl = _flag(config, "enable_reference") or _flag(config, "use_kl_loss") \
+        kl = optional_flag(config, "enable_reference") or optional_flag(config, "use_kl_loss") \
             or _number(config, "init_kl_coef", INIT_KL_DEFAULT) > 0
         if not kl:
             return ("enable_reference is off: use_kl_loss is false and init_kl_coef is 0 "

@@ -29,7 +29,6 @@ row is a preference (no checks).
 
 from __future__ import annotations
 
-import difflib
 import re
 import shlex
 import warnings
@@ -39,7 +38,9 @@ from ..errors import FieldValueError
 from ..engines import (DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP,
                        INFERENCE, MEGATRON, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY)
 from ..spec import Engine, Spec, read_config_keys, read_dispatcher
-from ..values import fail_type, lookup, read_flag, read_name, read_size, show
+from ..values import (
+    closest, fail_type, lookup, optional, optional_flag, read_flag, read_name, read_size, show,
+)
 from ..names import FIELD
 from .reader import Reader
 
@@ -223,13 +224,6 @@ def _framework_env(megatron: bool) -> Dict[str, str]:
 
 # --- Reading -------------------------------------------------------------------------
 
-def _get(config: Mapping[str, Any], path: str, default: Any) -> Any:
-    """The value at ``path``, or SkyRL's default where the override list
-    (or a null, which SkyRL's dataclass would also hold) leaves it out."""
-    found, value = lookup(config, path)
-    return default if not found or value is None else value
-
-
 def _refuse_misspellings(config: Mapping[str, Any], checked: Sequence[Tuple[str, Sequence[str],
                                                                           Sequence[str]]],
                          framework: str) -> None:
@@ -240,10 +234,10 @@ def _refuse_misspellings(config: Mapping[str, Any], checked: Sequence[Tuple[str,
         for key in map(str, node):
             if key in known:
                 continue
-            close = difflib.get_close_matches(key, read, n=1, cutoff=0.8)
-            if close:
+            close = closest(key, read)
+            if close is not None:
                 where = f"{section}.{key}" if section else key
-                meant = f"{section}.{close[0]}" if section else close[0]
+                meant = f"{section}.{close}" if section else close
                 raise FieldValueError(
                     f"{FIELD}: {where} is not a {framework} config key; did you mean {meant}? "
                     f"(SkyRL refuses unknown keys; this reader would otherwise read "
@@ -252,7 +246,7 @@ def _refuse_misspellings(config: Mapping[str, Any], checked: Sequence[Tuple[str,
 
 def _strategy(config: Mapping[str, Any], key: str, default: str,
               known: Mapping[str, str]) -> str:
-    strategy = read_name(_get(config, key, default), key)
+    strategy = read_name(optional(config, key, default), key)
     if strategy not in known:
         raise FieldValueError(f"{FIELD}: {key} is {strategy!r}; SkyRL's strategies are "
                               f"{', '.join(known)}")
@@ -301,13 +295,9 @@ def _megatron_engine(config: Mapping[str, Any], path: str,
     return Engine(MEGATRON, MEGATRON, dispatcher=dispatcher, **sizes, **settings)
 
 
-def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
-    return read_flag(_get(config, key, default), key)
-
-
 def _inference_engine(config: Mapping[str, Any], omitted: Dict[str, str]) -> Optional[Engine]:
-    values = {key: _get(config, f"{ENGINE}.{key}", default) for key, default in ENGINE_DEFAULTS}
-    external = [key for key in EXTERNAL_KEYS if _get(config, f"{ENGINE}.{key}", None) is not None]
+    values = {key: optional(config, f"{ENGINE}.{key}", default) for key, default in ENGINE_DEFAULTS}
+    external = [key for key in EXTERNAL_KEYS if optional(config, f"{ENGINE}.{key}", None) is not None]
     if external:
         omitted["inference_engine"] = (f"{ENGINE}.{external[0]} is set: SkyRL uses servers "
                                        "outside this job and starts no vLLM engine")
@@ -346,14 +336,14 @@ def read_skyrl(config: Mapping[str, Any]) -> Spec:
     omitted: Dict[str, str] = {
         key: "a section of a SkyRLTrainConfig subclass, not SkyRL's: not read"
         for key in map(str, config) if key not in TOP_KEYS and _NAME.match(key)}
-    critic = _get(config, CRITIC_PATH, None)
+    critic = optional(config, CRITIC_PATH, None)
     critic = critic not in (None, "")
     if critic and megatron:
         # validate_megatron_cfg: "only GRPO training is currently supported for megatron"
         raise FieldValueError(f"{FIELD}: {CRITIC_PATH} is set with {STRATEGY}=megatron; "
                               "SkyRL refuses a critic under Megatron (validate_megatron_cfg)")
-    kl = _flag(config, USE_KL_LOSS, True) or _flag(config, USE_KL_IN_REWARD, False)
-    if _flag(config, SIMULATE, False):
+    kl = optional_flag(config, USE_KL_LOSS, True) or optional_flag(config, USE_KL_IN_REWARD, False)
+    if optional_flag(config, SIMULATE, False):
         why = f"{SIMULATE} is true: SkyRL builds no trainer models (BasePPOExp._setup_trainer)"
         omitted.update({"policy": why, **({"ref": why} if kl else {}),
                         **({"critic": why} if critic else {})})
@@ -446,8 +436,7 @@ def _trainer_keys_are_skyrls(overrides: Sequence[str]) -> bool:
         if match is None or match.group(2) != "trainer" or not match.group(3):
             continue
         key = match.group(3).split(".")[1]
-        if key not in _TRAINER_FIELDS and not difflib.get_close_matches(key, _TRAINER_READ, n=1,
-                                                                           cutoff=0.8):
+        if key not in _TRAINER_FIELDS and closest(key, _TRAINER_READ) is None:
             return False
     return True
 
@@ -488,11 +477,10 @@ def convert(value: Any) -> Optional[Dict[str, Any]]:
     keys = {key for _, key in _tops(overrides) or ()}
     if keys & {"trainer", "generator"}:
         unknown = sorted(keys - set(TOP_KEYS))
-        hints = {key: difflib.get_close_matches(key, TOP_KEYS, n=1, cutoff=0.8)
-                 for key in unknown}
+        hints = {key: closest(key, TOP_KEYS) for key in unknown}
         misspelt = [key for key in unknown if hints[key]]
         if misspelt:
-            named = ", ".join(f"{key!r} (SkyRL's {hints[key][0]!r}?)" for key in misspelt)
+            named = ", ".join(f"{key!r} (SkyRL's {hints[key]!r}?)" for key in misspelt)
             raise FieldValueError(f"{FIELD}: SkyRL's overrides have the top-level key(s) "
                                   f"{named}; SkyRL's are {', '.join(TOP_KEYS)}")
         if unknown and not _trainer_keys_are_skyrls(overrides):

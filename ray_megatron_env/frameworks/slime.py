@@ -44,7 +44,7 @@ from ..engines import (
 )
 from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
-from ..values import fail_type, parse_connections, read_flag, read_name, read_size
+from ..values import fail_type, optional_flag, parse_connections, read_flag, read_name, read_size
 from .reader import Reader
 
 NAME = "slime"
@@ -175,7 +175,7 @@ def read_slime(config: Mapping[str, Any]) -> Spec:
     """Engines and process rules of slime's parsed arguments (a flat mapping)."""
     omitted: Dict[str, str] = {}
     engines: Dict[str, Engine] = {}
-    if _flag(config, "debug_rollout_only"):
+    if optional_flag(config, "debug_rollout_only"):
         for role in TRAIN_ROLES:
             omitted[role] = "debug_rollout_only: slime starts no train actors"
     else:
@@ -297,7 +297,7 @@ def _count(value: Any, key: str) -> int:
 
 def _no_rollout(config: Mapping[str, Any]) -> Optional[str]:
     """Why slime starts no SGLang engine with these arguments, or None."""
-    if _flag(config, "debug_train_only"):
+    if optional_flag(config, "debug_train_only"):
         return "debug_train_only: slime starts no SGLang engines"
     if config.get("load_debug_rollout_data") is not None:
         return "load_debug_rollout_data: slime trains on saved rollouts, no SGLang engines"
@@ -308,11 +308,6 @@ def _no_rollout(config: Mapping[str, Any]) -> Optional[str]:
             and config.get("sglang_config") is None:
         return "rollout_num_gpus 0: slime starts the router only, no SGLang engines"
     return None
-
-
-def _flag(config: Mapping[str, Any], key: str) -> bool:
-    value = config.get(key)
-    return value is not None and read_flag(value, key)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -28,7 +28,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ..errors import FieldValueError
 from ..engines import DISPATCHER_KEYS, ENGINE_KINDS, INFERENCE, MEGATRON, MOE_OVERLAP_KEY
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
-from ..values import fail_type, lookup, not_a_mapping, read_flag, read_name, read_size
+from ..values import (
+    fail_type, lookup, not_a_mapping, optional_flag, read_flag, read_name, read_size,
+)
 from ..names import FIELD
 from .reader import Reader
 
@@ -150,7 +152,7 @@ def read_verl(config: Mapping[str, Any]) -> Spec:
     trained("critic", CRITIC, _why_no_critic(config))
     consider("reward_model", _reward_model(config, kinds))
     consider("teacher", _teacher(config, kinds))
-    hybrid = _flag(config, "actor_rollout_ref.hybrid_engine", True)
+    hybrid = optional_flag(config, "actor_rollout_ref.hybrid_engine", True)
     processes, others = _processes(engines, hybrid)
     return Spec.of(engines, framework="verl", omitted=omitted, processes=processes,
                    others=others)
@@ -190,11 +192,6 @@ def _mapping(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:
     return section
 
 
-def _flag(config: Mapping[str, Any], path: str, default: bool) -> bool:
-    found, value = lookup(config, path)
-    return default if not found or value is None else read_flag(value, path)
-
-
 def _why_no_critic(config: Mapping[str, Any]) -> Optional[str]:
     found, enable = lookup(config, f"{CRITIC}.enable")
     if found and enable is not None:
@@ -208,8 +205,8 @@ def _why_no_critic(config: Mapping[str, Any]) -> Optional[str]:
 
 
 def _why_no_ref(config: Mapping[str, Any]) -> Optional[str]:
-    kl_loss = _flag(config, f"{ACTOR}.use_kl_loss", False)
-    kl_reward = _flag(config, "algorithm.use_kl_in_reward", False)
+    kl_loss = optional_flag(config, f"{ACTOR}.use_kl_loss", False)
+    kl_reward = optional_flag(config, "algorithm.use_kl_in_reward", False)
     if not (kl_loss or kl_reward):
         return "not created: neither actor.use_kl_loss nor algorithm.use_kl_in_reward is set"
     for path in ("actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_rank"):
@@ -227,9 +224,9 @@ def _reward_model(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Option
     """verl 0.9 serves a reward model with inference engines (reward.reward_model,
     engine named by its rollout.name); older verl trained one under a top-level
     reward_model section with a strategy. The newer section wins."""
-    if _flag(config, f"{REWARD}.enable", False):
+    if optional_flag(config, f"{REWARD}.enable", False):
         return _named_engine(config, f"{REWARD}.rollout.name", kinds)
-    if _flag(config, f"{LEGACY_REWARD}.enable", False):
+    if optional_flag(config, f"{LEGACY_REWARD}.enable", False):
         engine = _section_engine(config, LEGACY_REWARD, kinds)
         return engine or _named_engine(config, f"{LEGACY_REWARD}.rollout.name", kinds)
     return None
@@ -237,7 +234,7 @@ def _reward_model(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Option
 
 def _teacher(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Optional[Engine]:
     """Distillation teachers are inference servers (teacher_models.<name>.inference.name)."""
-    if not _flag(config, f"{DISTILLATION}.enabled", False):
+    if not optional_flag(config, f"{DISTILLATION}.enabled", False):
         return None
     teachers = _mapping(config, f"{DISTILLATION}.teacher_models")
     found = [_named_engine(config, f"{DISTILLATION}.teacher_models.{name}.inference.name", kinds)

@@ -6,8 +6,8 @@ import pytest
 
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.values import (
-    lookup, not_a_mapping, parse_connections, read_flag, read_name, read_names, read_size,
-    read_token, show,
+    closest, lookup, not_a_mapping, optional, optional_flag, parse_connections, read_flag,
+    read_name, read_names, read_size, read_token, show,
 )
 
 
@@ -103,3 +103,35 @@ def test_lookup_through_a_value_is_an_error_only_when_strict():
 def test_not_a_mapping_names_the_section():
     assert str(not_a_mapping("engines", [])) == "megatron_env: engines must be a mapping, got [] " \
                                                 "(list)"
+
+
+# --- the readers' shared helpers ---------------------------------------------------
+
+SECTIONS = {"trainer": {"colocate": True, "epochs": None, "name": "x"}, "flat": False}
+
+
+@pytest.mark.parametrize("path,default,expected", [
+    ("trainer.colocate", None, True),
+    ("trainer.epochs", 3, 3),        # null: the framework's default applies
+    ("trainer.missing", "d", "d"),
+    ("flat", True, False),           # a false value is a value, not a missing one
+])
+def test_optional_is_the_value_or_the_default(path, default, expected):
+    assert optional(SECTIONS, path, default) == expected
+
+
+def test_optional_flag_checks_its_type_and_names_the_path():
+    assert optional_flag(SECTIONS, "trainer.colocate") is True
+    assert optional_flag(SECTIONS, "trainer.epochs", default=True) is True
+    assert optional_flag(SECTIONS, "nowhere") is False
+    with pytest.raises(TypeError, match="trainer.name"):
+        optional_flag(SECTIONS, "trainer.name")
+
+
+@pytest.mark.parametrize("word,known,expected", [
+    ("generater", ("trainer", "generator"), "generator"),
+    ("trainer", ("trainer", "generator"), "trainer"),
+    ("zzz", ("trainer", "generator"), None),
+])
+def test_closest_names_the_likely_misspelt_key(word, known, expected):
+    assert closest(word, known) == expected
