@@ -87,4 +87,10 @@ ENABLE_DEEPEP_KEY = "moe_enable_deepep"  # deprecated: means the deepep backend
 DISPATCHER_KEYS = (DISPATCHER_TYPE_KEY, FLEX_BACKEND_KEY, ENABLE_DEEPEP_KEY)
 PIPELINE_BACKEND_KEY = "pipeline_model_parallel_comm_backend"
 MOE_OVERLAP_KEY = "overlap_moe_expert_parallel_comm"
+# Megatron-Core's parallel sizes the rules read, each with the Engine field
+# it fills (TransformerConfig / ModelParallelConfig names, which NeMo-RL,
+# ROLL, SkyRL, slime and miles pass through as they are).
+SIZE_KEYS = (("tensor_parallel", "tensor_model_parallel_size"),
+             ("context_parallel", "context_parallel_size"),
+             ("expert_parallel", "expert_model_parallel_size"))
 

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import FieldValueError
 from ..engines import (
     DISPATCHER_KEYS, FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK, MOE_OVERLAP_KEY,
+    SIZE_KEYS,
 )
 from ..spec import Engine, ProcessRule, Spec, read_config_keys, read_dispatcher
 from ..values import fail_type, lookup, read_flag, read_name, read_size, show
@@ -48,11 +49,7 @@ ROLES = ("policy", GENERATION, "teacher", "value", "reward_model", "teachers.<i>
 
 MEGATRON_CFG = "megatron_cfg"
 DTENSOR_CFG = "dtensor_cfg"
-_SIZES = (
-    ("tensor_parallel", "tensor_model_parallel_size"),
-    ("context_parallel", "context_parallel_size"),
-    ("expert_parallel", "expert_model_parallel_size"),
-)
+_SIZES = SIZE_KEYS
 # The MoE dispatcher (DISPATCHER_KEYS): first-class megatron_cfg keys that
 # NeMo-RL copies onto the model config (nemo_rl/models/megatron/setup.py; type
 # defaults to "allgather", moe_flex_dispatcher_backend is optional).
@@ -103,9 +100,7 @@ GENERATION_MARKERS = {"vllm": VLLM_MARKER, "sglang": SGLANG_MARKER}
 OPD = "on_policy_distillation"
 OPD_TEACHERS = "opd_teachers"
 # TeacherResourceConfig's sizes and their defaults (all 1).
-_OPD_SIZES = (("tensor_parallel", "tensor_model_parallel_size"),
-              ("context_parallel", "context_parallel_size"),
-              ("expert_parallel", "expert_model_parallel_size"))
+_OPD_SIZES = SIZE_KEYS
 
 
 def _section_paths(path: str) -> Tuple[str, ...]:

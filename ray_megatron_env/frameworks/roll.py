@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..errors import FieldValueError
 from ..engines import (
     DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE, MEGATRON,
-    MOE_OVERLAP_KEY,
+    MOE_OVERLAP_KEY, SIZE_KEYS,
 )
 from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher
@@ -71,11 +71,9 @@ NO_ENGINE = ("mock_infer",)
 DEFAULT_STRATEGY = "fsdp2_train"
 
 # strategy_config keys mcore_adapter's TrainingArguments reads
-# (mcore_adapter/src/mcore_adapter/training_args.py): sizes default None,
-# which leaves Megatron-Core's 1 unless a Megatron checkpoint says otherwise.
-SIZE_KEYS = (("tensor_parallel", "tensor_model_parallel_size"),
-             ("context_parallel", "context_parallel_size"),
-             ("expert_parallel", "expert_model_parallel_size"))
+# (mcore_adapter/src/mcore_adapter/training_args.py): the sizes
+# (engines.SIZE_KEYS) default None, which leaves Megatron-Core's 1 unless a
+# Megatron checkpoint says otherwise; the dispatcher type.
 DISPATCHER_KEY = DISPATCHER_TYPE_KEY  # allgather (default) or alltoall
 # strategy_config.additional_configs (a dict, or a JSON file's path): mcore_adapter's
 # McaModelConfig.update_with_args (models/model_config.py:137-160) sets each key

@@ -35,8 +35,10 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FieldValueError
-from ..engines import (DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP,
-                       INFERENCE, MEGATRON, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY)
+from ..engines import (
+    DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE, MEGATRON,
+    MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY, SIZE_KEYS,
+)
 from ..spec import Engine, Spec, read_config_keys, read_dispatcher
 from ..values import (
     closest, fail_type, lookup, optional, optional_flag, read_flag, read_name, read_size, show,
@@ -82,9 +84,7 @@ ENGINE_BACKENDS = ("vllm",)  # the docstring's only value; validate_megatron_cfg
 
 # MegatronConfig's first-class keys read here; each defaults to 1, the
 # dispatcher to "alltoall" (config.py, class MegatronConfig).
-SIZES = (("tensor_parallel", "tensor_model_parallel_size"),
-         ("context_parallel", "context_parallel_size"),
-         ("expert_parallel", "expert_model_parallel_size"))
+SIZES = SIZE_KEYS
 DISPATCHER_DEFAULT = "alltoall"
 KWARGS = "transformer_config_kwargs"
 # MegatronWorker.init_configs (backends/skyrl_train/workers/megatron/

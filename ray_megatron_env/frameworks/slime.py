@@ -40,7 +40,7 @@ from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 from ..errors import FieldValueError
 from ..engines import (
     DISPATCHER_KEYS, DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE,
-    MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY,
+    MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY, SIZE_KEYS,
 )
 from ..names import CONNECTIONS_VARIABLE, FIELD
 from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
@@ -60,16 +60,11 @@ MARKERS = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_e
 # introduction until "Remove FSDP support (#1664)" (e4faf633, 2026-03-04).
 BACKENDS = {"megatron": MEGATRON, "fsdp": FSDP}
 
-# (engine setting, key) for the Megatron-LM flags that matter. Sizes must be
-# there (any slime namespace has them); flags may be absent, because older
+# (engine setting, key) for the Megatron-LM flags that matter. Sizes
+# (engines.SIZE_KEYS) must be there (any slime namespace has them); flags may be absent, because older
 # Megatron-LM releases do not define them (use_megatron_fsdp and
 # overlap_moe_expert_parallel_comm came in core 0.14; use_custom_fsdp is the
 # older name that 0.14 and later still set alongside).
-SIZE_KEYS = (
-    ("tensor_parallel", "tensor_model_parallel_size"),
-    ("context_parallel", "context_parallel_size"),
-    ("expert_parallel", "expert_model_parallel_size"),
-)
 FLAG_KEYS = (
     ("torch_fsdp2", "use_torch_fsdp2"),
     ("megatron_fsdp", "use_megatron_fsdp"),
