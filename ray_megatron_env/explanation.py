@@ -15,9 +15,9 @@ from .record import Decision
 from .errors import FieldValueError
 from .names import CONNECTIONS_VARIABLE, FABRIC, FIELD, NET, P2P
 from .node import (
-    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeNet, NodeP2P, parse_fake_node,
-    parse_gpu_list,
+    ABSENT, FakeNodeError, NodeFabric, NodeFacts, NodeNet, NodeP2P, parse_gpu_list,
 )
+from .probe.fake import parse_fake_node
 from .packs import get_pack
 from .frameworks.loading import ConfigLike, load_spec
 from .runtime_env import with_packs

@@ -16,7 +16,8 @@ import pytest
 
 from cache_race import probe_in_process
 from ray_megatron_env.cache import NodeCache, ProbeCache, fresh
-from ray_megatron_env.node import NodeGpus, parse_fake_node
+from ray_megatron_env.node import NodeGpus
+from ray_megatron_env.probe.fake import parse_fake_node
 
 
 def test_workers_starting_together_share_one_probe(tmp_path):

@@ -31,7 +31,8 @@ from ray_megatron_env.frameworks import parse_field
 from ray_megatron_env.hook import runtime_env_hook
 from ray_megatron_env.job_submission import driver_environment
 from ray_megatron_env.names import JOB_CONFIG_VARIABLE
-from ray_megatron_env.node import NodeFacts, NodeGpus, parse_fake_node
+from ray_megatron_env.node import NodeFacts, NodeGpus
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.packs.pack import REMOVE, Outcome
 from ray_megatron_env.setup_hook import decide_in_worker
 from paths import FIXTURES

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from ray_megatron_env.node import parse_fake_node, parse_gpu_list
+from ray_megatron_env.node import parse_gpu_list
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.simulation import (
     AGENT_PORTS, MIXED_NODES, PCIE_NO_P2P_OLD_DRIVER, TRAY_WITHOUT_IMEX, SimulatedCluster,
     SimulatedNode, ray_processes,

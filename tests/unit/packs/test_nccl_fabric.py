@@ -19,7 +19,8 @@ from ray_megatron_env.names import CONNECTIONS_VARIABLE, DECISION_VARIABLE, PACK
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain, explain_node
 from ray_megatron_env.frameworks import parse_field
-from ray_megatron_env.node import NodeFacts, NodeGpus, parse_fake_node
+from ray_megatron_env.node import NodeFacts, NodeGpus
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.spec import read_packs
 from ray_megatron_env.cache import ProbeCache
 

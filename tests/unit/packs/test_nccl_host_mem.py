@@ -20,7 +20,8 @@ from ray_megatron_env.check import _advice
 from ray_megatron_env.cli import OK, main
 from ray_megatron_env.record import Decision
 from ray_megatron_env.explanation import explain, explain_node
-from ray_megatron_env.node import NodeFabric, parse_fake_node
+from ray_megatron_env.node import NodeFabric
+from ray_megatron_env.probe.fake import parse_fake_node
 
 HOST, P2P_OFF, SHM_OFF = "NCCL_CUMEM_HOST_ENABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"
 ARCHS = "TORCH_CUDA_ARCH_LIST"

@@ -24,7 +24,8 @@ import pytest
 
 from ray_megatron_env.cli import OK, main
 from ray_megatron_env.explanation import explain_node
-from ray_megatron_env.node import FakeNodeError, parse_fake_node
+from ray_megatron_env.node import FakeNodeError
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.probe import probe_p2p
 
 from configs import MEGATRON_YAML

@@ -15,7 +15,8 @@ from configs import MEGATRON_YAML
 from ray_megatron_env.check import NodeReport, _advice
 from ray_megatron_env.cli import OK, PROBLEM, format_check, main
 from ray_megatron_env.explanation import explain, explain_node
-from ray_megatron_env.node import NodeFabric, parse_fake_node
+from ray_megatron_env.node import NodeFabric
+from ray_megatron_env.probe.fake import parse_fake_node
 
 ARCHS = "TORCH_CUDA_ARCH_LIST"
 MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}

@@ -16,9 +16,9 @@ from ray_megatron_env.probe import (
     probe_gpus,
 )
 from ray_megatron_env.node import (
-    ABSENT, COMPLETED, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED, parse_fake_node, UNWRITABLE,
-    WRITABLE,
+    ABSENT, COMPLETED, IN_PROGRESS, NOT_STARTED, NOT_SUPPORTED, UNWRITABLE, WRITABLE,
 )
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.names import FAKE_NODE_VARIABLE
 from fake_nvml import FakeNvml
 from paths import FIXTURES

@@ -15,7 +15,8 @@ from gpu_probe import GPUS, Untouchable, assert_unknown, probe
 from ray_megatron_env.errors import FieldValueError
 from ray_megatron_env.explanation import explain_node
 from ray_megatron_env.names import FAKE_NODE_VARIABLE
-from ray_megatron_env.node import FakeNodeError, parse_fake_node
+from ray_megatron_env.node import FakeNodeError
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.probe import FAKE_VARIABLE, probe_p2p
 
 MEGATRON_TP2 = {"engines": {"actor": {"strategy": "megatron", "tensor_parallel": 2}}}

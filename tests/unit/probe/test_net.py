@@ -15,9 +15,8 @@ import pytest
 from ray_megatron_env import build_runtime_env
 from ray_megatron_env.agent import NodeAgent, agent_node_ip
 from ray_megatron_env.cache import NodeCache, ProbeCache
-from ray_megatron_env.node import (
-    facts_from_record, FakeNodeError, IbPort, NodeGpus, NodeNet, parse_fake_node,
-)
+from ray_megatron_env.node import facts_from_record, FakeNodeError, IbPort, NodeGpus, NodeNet
+from ray_megatron_env.probe.fake import parse_fake_node
 from ray_megatron_env.names import FAKE_NODE_VARIABLE, NET
 from ray_megatron_env.probe import net as net_source, probe_net
 from ray_megatron_env.setup_hook import decide_in_worker
