@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ._version import __version__
 from .names import ALWAYS_ON, CONNECTIONS_VARIABLE, CUDA_CONNECTIONS, DECISION_VARIABLE, FIELD
+from .packs.connections import ConnectionsDetail, RoleDecision
 from .packs.pack import LEAVE, PREFERRED, REQUIRED, SET
 
 # Where a variable's value came from. DRIVER_ENV: the driver's own value,
@@ -104,15 +105,20 @@ class Decision:
         return self.cuda.node_value
 
     @property
+    def cuda_detail(self) -> ConnectionsDetail:
+        """What the cuda-connections pack recorded beside its value, typed."""
+        return ConnectionsDetail.from_dict(self.cuda.detail)
+
+    @property
     def requirement(self) -> str:
-        return self.cuda.detail.get("requirement", "none")
+        return self.cuda_detail.requirement
 
     @property
     def conflict(self) -> bool:
-        return bool(self.cuda.detail.get("conflict", False))
+        return self.cuda_detail.conflict
 
     def _roles(self, key: str) -> Dict[str, str]:
-        return {role: entry[key] for role, entry in self.cuda.detail.get("roles", {}).items()}
+        return {role: getattr(part, key) for role, part in self.cuda_detail.roles.items()}
 
     @property
     def engines(self) -> Dict[str, str]:
@@ -198,9 +204,9 @@ def _version_1_variables(data: Mapping[str, Any]) -> Dict[str, VariableDecision]
     process = data.get("process")
     if process and reason.startswith(f"{process}: "):
         reason = reason[len(process) + 2:]
-    roles = {role: {"engine": engine, "rule": (data.get("rules") or {}).get(role, ""),
-                    "strength": strengths.get(role, "none"),
-                    "because": (data.get("because") or {}).get(role, "")}
+    roles = {role: RoleDecision(engine, (data.get("rules") or {}).get(role, ""),
+                                strengths.get(role, "none"),
+                                (data.get("because") or {}).get(role, ""))
              for role, engine in (data.get("engines") or {}).items()}
     cuda = VariableDecision(
         CUDA_CONNECTIONS, LEAVE if requirement == "none" else SET, data.get("value"),
@@ -209,7 +215,7 @@ def _version_1_variables(data: Mapping[str, Any]) -> Dict[str, VariableDecision]
         "+".join(dict.fromkeys(i for ids in (data.get("rules") or {}).values()
                                for i in ids.split("+"))),
         reason, data.get("node_value"),
-        {"requirement": requirement, "conflict": bool(data.get("conflict")), "roles": roles})
+        ConnectionsDetail(requirement, bool(data.get("conflict")), roles).to_dict())
     variables = {CONNECTIONS_VARIABLE: cuda}
     for name, entry in (data.get("packs") or {}).items():
         variables[name] = VariableDecision.from_dict(entry)

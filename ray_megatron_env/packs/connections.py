@@ -26,7 +26,7 @@ over another engine's overlap), and each preference left unmet is named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple,
 )
@@ -40,6 +40,40 @@ from ..errors import FieldValueError
 from ..node import NodeFacts, NodeGpus
 from ..values import parse_connections
 from .pack import Demand, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REQUIRED, SET
+
+
+
+@dataclass(frozen=True)
+class RoleDecision:
+    """What one role's engine asked of CUDA_DEVICE_MAX_CONNECTIONS here."""
+
+    engine: str  # the engine, described ("megatron TP=2 CP=1")
+    rule: str  # the deciding row's id
+    strength: str  # required | preferred | none
+    because: str
+
+
+@dataclass(frozen=True)
+class ConnectionsDetail:
+    """What this pack adds to its variable's record entry (``VariableDecision.detail``,
+    JSON in the record): the requirement in words, whether the roles' rules
+    conflict, and each role's part. The record reads it back through here."""
+
+    requirement: str = "none"
+    conflict: bool = False
+    roles: Mapping[str, RoleDecision] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"requirement": self.requirement, "conflict": self.conflict,
+                "roles": {role: dict(vars(part)) for role, part in self.roles.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ConnectionsDetail":
+        return cls(data.get("requirement", "none"), bool(data.get("conflict", False)),
+                   {role: RoleDecision(part.get("engine", ""), part.get("rule", ""),
+                                       part.get("strength", NONE), part.get("because", ""))
+                    for role, part in (data.get("roles") or {}).items()})
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import Engine, Spec
@@ -582,10 +616,10 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
                              f.rule.requirement.unset_ok, f.asks())
                       for f in verdict.findings if f.strength != NONE),
         replaces=replaces,
-        detail={"requirement": need.label, "conflict": verdict.conflict,
-                "roles": {f.role: {"engine": f.engine.describe(), "rule": roles[f.role][0],
-                                   "strength": roles[f.role][1], "because": roles[f.role][2]}
-                          for f in verdict.findings}})
+        detail=ConnectionsDetail(
+            need.label, verdict.conflict,
+            {f.role: RoleDecision(f.engine.describe(), *roles[f.role])
+             for f in verdict.findings}).to_dict())
     return PackVerdict((outcome,), tuple(warnings))
 
 

@@ -171,3 +171,16 @@ def test_the_bridge_table_spans_h100_b200_gb200_and_every_difference_is_explaine
         if "difference" in case:
             assert f'<a id="bridge-{case["difference"]}"></a>' in rules_page
             assert f'`{case["function"]}`' in rules_page, case["function"]
+
+
+def test_the_packs_record_detail_reads_back_typed():
+    from ray_megatron_env.packs.connections import ConnectionsDetail, RoleDecision
+
+    detail = ConnectionsDetail("1", True, {"actor": RoleDecision(
+        "megatron TP=2 CP=1", "megatron-model-parallel", "required", "Megatron-LM asserts")})
+    as_json = detail.to_dict()
+    assert as_json == {"requirement": "1", "conflict": True, "roles": {"actor": {
+        "engine": "megatron TP=2 CP=1", "rule": "megatron-model-parallel",
+        "strength": "required", "because": "Megatron-LM asserts"}}}
+    assert ConnectionsDetail.from_dict(as_json) == detail
+    assert ConnectionsDetail.from_dict({}) == ConnectionsDetail("none", False, {})
