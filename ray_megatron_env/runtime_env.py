@@ -16,7 +16,8 @@ from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 from .decision import split_driver_env
 from .errors import EnvironmentVariableError, FieldValueError
 from .frameworks.compact import MAX_DRIVER_VALUE
-from .frameworks.loading import USER_ENV_VARS, ConfigLike, load_spec, to_container, to_plain
+from .frameworks.loading import ConfigLike, load_spec, to_container, to_plain
+from .frameworks.verl import USER_ENV_VARS
 from .names import (
     ALWAYS_ON, CONNECTIONS_VARIABLE, EXPLICIT_VARIABLE, FIELD, PACK_NAMES,
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Mapping, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from ..names import ALWAYS_ON, FIELD
 from ..errors import FieldTypeError, FieldValueError
@@ -183,6 +183,17 @@ def to_mapping(config: Any) -> Any:
             + ", ".join(r.name for r in readers() if r.convert is not None)
             + "), and this one is not")
     return config
+
+
+def load_file(path: str) -> Optional[Mapping[str, Any]]:
+    """A file in some framework's own text form (SkyRL's override lines), read
+    by that reader's ``load_file``; None when no reader claims it (YAML)."""
+    for reader in readers():
+        if reader.load_file is not None:
+            loaded = reader.load_file(path)
+            if loaded is not None:
+                return loaded
+    return None
 
 
 def compose_yaml(path: str, loaded: Any) -> Any:

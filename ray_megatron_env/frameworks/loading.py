@@ -17,15 +17,11 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ..names import CONNECTIONS_VARIABLE, FIELD
+from ..names import FIELD
 from ..errors import FieldValueError
 from ..spec import Spec
 from ..values import fail_type
-from . import all_paths, compose_yaml, read_config, read_field, to_mapping
-
-# Where a verl user sets their own worker env vars (merged by verl's driver
-# over its defaults): a value for the variable there is deliberate.
-USER_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+from . import all_paths, compose_yaml, load_file, read_config, read_field, to_mapping
 
 # A mapping (dict, DictConfig), a YAML path, an argparse.Namespace, or a
 # framework's command-line argument list (slime).
@@ -67,12 +63,10 @@ def to_plain(config: ConfigLike) -> Mapping[str, Any]:
     """
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
-        # A file of SkyRL's key=value overrides (a launch script's lines),
-        # which YAML cannot load; anything else is YAML.
-        from .skyrl import overrides_file
-
-        overrides = overrides_file(path) if os.path.isfile(path) else None
-        config = overrides if overrides is not None else compose_yaml(path, _load_yaml(path))
+        # A file in a framework's own text form, which YAML cannot load (a
+        # reader's load_file); anything else is YAML.
+        own = load_file(path) if os.path.isfile(path) else None
+        config = own if own is not None else compose_yaml(path, _load_yaml(path))
     if _is_omegaconf(config):
         return _pluck_omegaconf(config)
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -243,7 +237,7 @@ def _pluck(tree: Any) -> Dict[str, Any]:
                            for key, section in tree.top_keys().items()}
     markers, paths = all_paths()
     unresolved: Optional[FieldValueError] = None
-    for path in (*paths, f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", *markers):
+    for path in (*paths, *markers):
         parts = path.split(".")
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])

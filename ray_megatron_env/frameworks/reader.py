@@ -32,6 +32,9 @@ class Reader:
     # A YAML file whose layout composes several files (NeMo-RL's defaults:
     # chain): (path, the file as loaded) -> the composed config, or None.
     compose: Optional[Callable[[str, Any], Optional[Any]]] = None
+    # A file in the framework's own text form, which YAML cannot load
+    # (SkyRL's key=value override lines): path -> the mapping, or None.
+    load_file: Optional[Callable[[str], Optional[Mapping[str, Any]]]] = None
     # Layouts of this framework that no reader reads: (top-level keys that
     # all say "this layout", what to do instead), for the unknown-layout error.
     unsupported: Tuple[Tuple[Tuple[str, ...], str], ...] = ()

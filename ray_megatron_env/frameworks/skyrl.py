@@ -513,7 +513,7 @@ def overrides_file(path: str) -> Optional[Dict[str, Any]]:
     ``\\`` continuations, ``#`` comments, shell quoting) -> its mapping;
     None when the file is anything else (a YAML file is not split into
     ``key=value`` words). YAML cannot load such a file, so ``loading`` asks
-    here before it tries."""
+    here (the reader's ``load_file``) before it tries."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read(1 << 20)
@@ -547,6 +547,7 @@ READER = Reader(
     paths=PATHS,
     convert=convert,
     compose=compose,
+    load_file=overrides_file,
 )
 
 SFT_READER = Reader(

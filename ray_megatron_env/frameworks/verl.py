@@ -31,7 +31,7 @@ from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
 from ..values import (
     fail_type, lookup, not_a_mapping, optional_flag, read_flag, read_name, read_size,
 )
-from ..names import FIELD
+from ..names import CONNECTIONS_VARIABLE, FIELD
 from .reader import Reader
 
 VERSIONS = "verl 0.9.1 (and verl-project/verl 1dda039b)"
@@ -105,11 +105,16 @@ def _mlite_paths(section: str) -> Tuple[str, ...]:
         f"{section}.engine.{_MLITE_OPTIMIZER}",)
 
 
+# Where a verl user sets their own worker env vars (merged by verl's driver
+# over its defaults): a value for the variable there is deliberate
+# (runtime_env.configured_value, build_runtime_env(take_over=True)).
+USER_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+
 # Every path this module reads, so the driver can resolve exactly these in a
 # DictConfig and nothing else (an unrelated broken interpolation elsewhere in
 # the config must not fail the job).
 PATHS: Tuple[str, ...] = (
-    DECLARATIONS, f"{ROLLOUT}.name", "actor_rollout_ref.hybrid_engine",
+    DECLARATIONS, f"{USER_ENV_VARS}.{CONNECTIONS_VARIABLE}", f"{ROLLOUT}.name", "actor_rollout_ref.hybrid_engine",
     f"{ACTOR}.use_kl_loss", "algorithm.use_kl_in_reward", "algorithm.adv_estimator",
     "actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora.rank",
     "actor_rollout_ref.model.lora_adapter_path",
