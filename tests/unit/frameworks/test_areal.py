@@ -16,7 +16,7 @@ from ray_megatron_env.agent import NodeAgent
 from ray_megatron_env.errors import FieldTypeError, FieldValueError
 from ray_megatron_env.explanation import explain
 from ray_megatron_env.frameworks import parse_field
-from ray_megatron_env.frameworks.areal import parse_allocation_mode, parse_backend
+from ray_megatron_env.frameworks.areal_grammar import parse_allocation_mode
 from ray_megatron_env.node import NodeGpus
 from ray_megatron_env.cache import ProbeCache
 from ray_megatron_env.frameworks.loading import load_spec, load_yaml
@@ -139,51 +139,7 @@ def test_agent_sets_one_for_megatron_tp2_before_blackwell():
         assert env_vars.get(VARIABLE) == expected
 
 
-# --- The backend grammar -----------------------------------------------------------
-
-# (string, backend, TP, CP, EP): the sizes AReaL's own parser gives
-# (areal/api/alloc_mode.py run by hand; /tmp/research notes), by hand here.
-PARSED = [
-    ("fsdp:d4t2", "fsdp", 2, 1, 1),
-    ("megatron:d2p2t2c2", "megatron", 2, 2, 1),
-    ("megatron:d2p2t4e4", "megatron", 4, 1, 4),
-    ("megatron:(attn:d2t2c1|ffn:e4t1)", "megatron", 2, 1, 4),
-    ("megatron:(attn:d4p4t2|ffn:d2p4e4)", "megatron", 2, 1, 4),
-    ("megatron:attn:d1p12t4|ffn:d1p12e4", "megatron", 4, 1, 4),
-    ("archon:(attn:d1p4t2c2|ffn:d1p4t1e4)", "archon", 2, 2, 4),
-    ("megatron[actor]:d2t2", "megatron", 2, 1, 1),
-    ("megatron : d4 t2", "megatron", 2, 1, 1),
-    ("sglang:d4t2", "sglang", 2, 1, 1),
-    ("vllm:d2t4p2", "vllm", 4, 1, 1),
-]
-
-
-@pytest.mark.parametrize("text,backend,tp,cp,ep", PARSED)
-def test_backend_strings(text, backend, tp, cp, ep):
-    found = parse_backend(text, "actor.backend")
-    assert (found.backend, found.size("t"), found.size("c"), found.size("e")) == (
-        backend, tp, cp, ep)
-
-
-@pytest.mark.parametrize("text,words", [
-    ("megatron.d2t2", "':' after 'megatron'"),  # the old dot separator
-    ("d4t2", "bare dimensions"),
-    ("torchtitan:d4", "unknown backend 'torchtitan'"),
-    ("megatron:", "a training dimension"),
-    ("megatron:d0", "a size from 1"),
-    ("megatron:d2d2", "'d' is given twice"),
-    ("fsdp:d4p2", "fsdp takes only d, t and c"),
-    ("sglang:d4c2", "an inference dimension (d, t, p), not 'c'"),
-    ("megatron:(attn:d1t2|ffn:e2", "')' closing"),
-    ("sglang:d4+fsdp:d4", "'+' belongs only in the deprecated allocation_mode"),
-    ("fsdp:d4|fsdp[critic]:d4", "unexpected text"),
-    ("", "it is empty"),
-])
-def test_bad_backend_strings_name_key_and_text(text, words):
-    with pytest.raises(FieldValueError) as err:
-        parse_backend(text, "actor.backend")
-    assert f"actor.backend {text!r}" in str(err.value) and words in str(err.value)
-
+# --- Backends in a config (the grammar itself: test_areal_grammar.py) ---------------
 
 def test_bad_backend_in_a_config_names_the_key():
     with pytest.raises(FieldValueError, match=r"actor\.backend 'megatron\.d2t2'"):
