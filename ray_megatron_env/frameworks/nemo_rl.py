@@ -23,7 +23,8 @@ from ..engines import (
     DISPATCHER_KEYS, FSDP, INFERENCE, MEGATRON, MEGATRON_BRIDGE_CHECK, MOE_OVERLAP_KEY,
     SIZE_KEYS,
 )
-from ..spec import Engine, ProcessRule, Spec, read_config_keys, read_dispatcher
+from ..spec import Engine, ProcessRule, Spec
+from ..megatron_core import read_config_keys, read_dispatcher
 from ..values import fail_type, lookup, read_flag, read_name, read_size, show
 from ..names import FIELD
 from .chain import load_link

@@ -42,7 +42,8 @@ from ..engines import (
     MOE_OVERLAP_KEY, SIZE_KEYS,
 )
 from ..names import CONNECTIONS_VARIABLE, FIELD
-from ..spec import Engine, ProcessRule, Spec, read_dispatcher
+from ..spec import Engine, ProcessRule, Spec
+from ..megatron_core import read_dispatcher
 from ..values import (
     fail_type, lookup, optional_flag, parse_connections, read_flag, read_name, read_size,
     read_token,

@@ -39,7 +39,8 @@ from ..engines import (
     DISPATCHER_TYPE_KEY, ENABLE_DEEPEP_KEY, FLEX_BACKEND_KEY, FSDP, INFERENCE, MEGATRON,
     MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY, SIZE_KEYS,
 )
-from ..spec import Engine, Spec, read_config_keys, read_dispatcher
+from ..spec import Engine, Spec
+from ..megatron_core import read_config_keys, read_dispatcher
 from ..values import (
     closest, fail_type, lookup, optional, optional_flag, read_flag, read_name, read_size, show,
 )

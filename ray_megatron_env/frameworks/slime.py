@@ -43,7 +43,8 @@ from ..engines import (
     MEGATRON, MEGATRON_LM_CHECK, MOE_OVERLAP_KEY, PIPELINE_BACKEND_KEY, SIZE_KEYS,
 )
 from ..names import CONNECTIONS_VARIABLE, FIELD
-from ..spec import Engine, ProcessRule, Spec, read_dispatcher, read_pipeline_backend
+from ..spec import Engine, ProcessRule, Spec
+from ..megatron_core import read_dispatcher, read_pipeline_backend
 from ..values import fail_type, optional_flag, parse_connections, read_flag, read_name, read_size
 from .reader import Reader
 

@@ -27,7 +27,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import FieldValueError
 from ..engines import DISPATCHER_KEYS, ENGINE_KINDS, INFERENCE, MEGATRON, MOE_OVERLAP_KEY
-from ..spec import Engine, ProcessRule, Spec, read_dispatcher, resolve_kind
+from ..spec import Engine, ProcessRule, Spec, resolve_kind
+from ..megatron_core import read_dispatcher
 from ..values import (
     fail_type, lookup, not_a_mapping, optional_flag, read_flag, read_name, read_size,
 )
