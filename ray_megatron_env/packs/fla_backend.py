@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from ..node import NodeFacts
 from .pack import (
     Demand, KEEP, LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, PREFERRED, REMOVE, REQUIRED,
-    SET, trains,
+    SET, Seen, seen, unless_a_trainer_on_gpus,
 )
 from ..names import FLA_BACKEND, PACK_VARIABLES_OF, TILELANG_VARIABLE
 
@@ -101,44 +101,29 @@ def _outcome(rule_id: str, value: Optional[str], reason: str, action: Optional[s
                    **kw)
 
 
-def _whose(explicit: Optional[str], replaces: Optional[str]) -> str:
-    # settle names the framework where its own value is replaced.
-    return ("the" if replaces is not None else
-            "the job's" if explicit is not None else "the inherited")
-
-
 def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
              node_environ: Mapping[str, str]) -> PackVerdict:
     """The pack's rows on one node: one outcome."""
     gpus = facts.gpus
-    explicit = env_vars.get(TILELANG_VARIABLE)
-    explicit = None if explicit is None else str(explicit)
-    seen = explicit if explicit is not None else node_environ.get(TILELANG_VARIABLE)
-    if not gpus.capabilities:
-        warnings = () if gpus.is_known else (
-            f"{FLA_BACKEND}: the node's GPUs could not be read ({gpus.error}); "
-            f"{TILELANG_VARIABLE} is left as it is",)
-        return PackVerdict((_outcome("leave", seen, f"{gpus.describe()}: nothing to decide "
-                                                    "[leave]"),), warnings)
+    found = seen(TILELANG_VARIABLE, spec, env_vars, node_environ)
+    value, replaces, whose = found.value, found.replaces, found.whose
+    early = unless_a_trainer_on_gpus(FLA_BACKEND, TILELANG_VARIABLE, spec, facts,
+                                     lambda why: _outcome("leave", value, why))
+    if early is not None:
+        return early
     where = gpus.describe()
-    if not trains(spec):
-        return PackVerdict((_outcome("leave", seen, f"{where}: no trainer engine in this "
-                                                    "process [leave]"),))
-    blanket = dict(spec.framework_env).get(TILELANG_VARIABLE)
-    replaces = explicit if explicit is not None and explicit == blanket else None
-    whose = _whose(explicit, replaces)
     majors = {major for major, _ in gpus.capabilities}
     hopper, blackwell = HOPPER_MAJOR in majors, any(m >= BLACKWELL_MAJOR for m in majors)
-    shown = "unset" if seen is None else f"{TILELANG_VARIABLE}={seen}"
+    shown = "unset" if value is None else f"{TILELANG_VARIABLE}={value}"
     if hopper and blackwell:
-        return _mixed(where, seen, explicit, replaces, whose)
-    if blackwell and seen is not None and seen != OFF:
+        return _mixed(where, found)
+    if blackwell and value is not None and value != OFF:
         return PackVerdict((_outcome(
             "tilelang-on-blackwell", OFF,
             f"{where}: {whose} {shown} turns on fla's TileLang backward, whose packed backward "
             "aborts on Blackwell [tilelang-on-blackwell]",
             replaces=replaces, fill=replaces is not None),))
-    if hopper and seen == OFF:
+    if hopper and value == OFF:
         return PackVerdict((_outcome(
             "tilelang-off-on-hopper", ON,
             f"{where}: {whose} {shown} forces fla's Triton backward, which raises on Hopper "
@@ -150,15 +135,15 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
             f"{where}: {whose} {shown} forces TileLang where fla 0.5.2 and later keep Triton "
             "[framework-tilelang-before-hopper]", replaces=replaces),))
     # A framework's value the GPUs run stays as it is (SkyRL's 1 on Hopper).
-    return PackVerdict((_outcome("leave", seen, f"{where}: {shown} runs on these GPUs [leave]"),))
+    return PackVerdict((_outcome("leave", value, f"{where}: {shown} runs on these GPUs [leave]"),))
 
 
-def _mixed(where: str, seen: Optional[str], explicit: Optional[str], replaces: Optional[str],
-           whose: str) -> PackVerdict:
-    said = "unset" if seen is None else f"{whose} {TILELANG_VARIABLE}={seen}"
+def _mixed(where: str, found: Seen) -> PackVerdict:
+    value, explicit, replaces = found.value, found.explicit, found.replaces
+    said = "unset" if value is None else f"{found.whose} {TILELANG_VARIABLE}={value}"
     reason = (f"{where}: {said}; no one value serves both generations, and unset fla picks "
               "per process [hopper-and-blackwell]")
-    if seen is None:
+    if value is None:
         return PackVerdict((_outcome("hopper-and-blackwell", None, reason, action=LEAVE),))
     if explicit is not None and replaces is None:
         # The job's own value stays, as any explicit one; the demand says it breaks.

@@ -121,6 +121,52 @@ class PackVerdict:
     warnings: Tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Seen:
+    """One variable as a pack finds it for a worker: the runtime env's value
+    (``explicit``), what the worker has (``value``: that, else the node's),
+    and ``replaces``: the explicit value where it is the framework's own
+    blanket one (``Spec.framework_env``), decided anew rather than kept."""
+
+    explicit: Optional[str]
+    value: Optional[str]
+    replaces: Optional[str]
+
+    @property
+    def whose(self) -> str:
+        # settle names the framework where its own value is replaced.
+        return ("the" if self.replaces is not None else
+                "the job's" if self.explicit is not None else "the inherited")
+
+
+def seen(variable: str, spec: Spec, env_vars: Mapping[str, Any],
+         node_environ: Mapping[str, str]) -> Seen:
+    """``variable`` as the worker will have it (``Seen``)."""
+    explicit = env_vars.get(variable)
+    explicit = None if explicit is None else str(explicit)
+    value = explicit if explicit is not None else node_environ.get(variable)
+    blanket = dict(spec.framework_env).get(variable)
+    return Seen(explicit, value, explicit if explicit is not None and explicit == blanket else None)
+
+
+def unless_a_trainer_on_gpus(pack: str, variable: str, spec: Spec, facts: NodeFacts,
+                             leave: Callable[[str], Outcome],
+                             no_trainer: str = "") -> Optional[PackVerdict]:
+    """The verdict of a pack that acts only in trainer processes on NVIDIA
+    GPUs, where the worker is not one: ``leave(reason)``, with a warning
+    where the GPUs could not be read; None where the pack has to decide."""
+    gpus = facts.gpus
+    if not gpus.capabilities:
+        warnings = () if gpus.is_known else (
+            f"{pack}: the node's GPUs could not be read ({gpus.error}); "
+            f"{variable} is left as it is",)
+        return PackVerdict((leave(f"{gpus.describe()}: nothing to decide [leave]"),), warnings)
+    if not trains(spec):
+        return PackVerdict((leave(f"{gpus.describe()}: no trainer engine in this "
+                                  f"process{no_trainer} [leave]"),))
+    return None
+
+
 Evaluate = Callable[["Spec", "NodeFacts", Mapping[str, Any], Mapping[str, str]], PackVerdict]
 
 

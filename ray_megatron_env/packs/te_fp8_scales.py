@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..node import NodeFacts, format_capability
-from .pack import LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, REQUIRED, SET, trains
+from .pack import (
+    LEAVE, NONE, Outcome, Pack, PackRow, PackVerdict, REQUIRED, SET, seen, unless_a_trainer_on_gpus,
+)
 from ..names import FP8_SCALES_VARIABLE as SCALES_VARIABLE, PACK_VARIABLES_OF, TE_FP8_SCALES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,37 +82,28 @@ def evaluate(spec: Spec, facts: NodeFacts, env_vars: Mapping[str, Any],
              node_environ: Mapping[str, str]) -> PackVerdict:
     """The pack's rows on one node: one outcome."""
     gpus = facts.gpus
-    explicit = env_vars.get(SCALES_VARIABLE)
-    explicit = None if explicit is None else str(explicit)
-    seen = explicit if explicit is not None else node_environ.get(SCALES_VARIABLE)
-    if not gpus.capabilities:
-        warnings = () if gpus.is_known else (
-            f"{TE_FP8_SCALES}: the node's GPUs could not be read ({gpus.error}); "
-            f"{SCALES_VARIABLE} is left as it is",)
-        return PackVerdict((_outcome("leave", seen, f"{gpus.describe()}: nothing to decide "
-                                                    "[leave]"),), warnings)
+    found = seen(SCALES_VARIABLE, spec, env_vars, node_environ)
+    value = found.value
+    early = unless_a_trainer_on_gpus(TE_FP8_SCALES, SCALES_VARIABLE, spec, facts,
+                                     lambda why: _outcome("leave", value, why),
+                                     ", which runs no TE recipe")
+    if early is not None:
+        return early
     where = gpus.describe()
-    if not trains(spec):
-        return PackVerdict((_outcome("leave", seen, f"{where}: no trainer engine in this "
-                                                    "process, which runs no TE recipe [leave]"),))
     newest = max(gpus.capabilities)
     if newest[0] < BLACKWELL_MAJOR:
-        return PackVerdict((_outcome("before-blackwell", seen,
+        return PackVerdict((_outcome("before-blackwell", value,
                                      f"{where}: TE takes FP32 or power-of-2 block scales on "
                                      "these GPUs [before-blackwell]"),))
-    if seen != FP32:
-        return PackVerdict((_outcome("leave", seen,
+    if value != FP32:
+        return PackVerdict((_outcome("leave", value,
                                      f"{where}: {SCALES_VARIABLE} "
-                                     f"{'unset' if seen is None else repr(seen)} gives power-of-2 "
+                                     f"{'unset' if value is None else repr(value)} gives power-of-2 "
                                      "scales, which Blackwell runs [leave]"),))
-    blanket = dict(spec.framework_env).get(SCALES_VARIABLE)
-    replaces = explicit if explicit is not None and explicit == blanket else None
-    # settle names the framework where its own value is replaced.
-    whose = ("the" if replaces is not None else
-             "the job's" if explicit is not None else "the inherited")
+    replaces = found.replaces
     return PackVerdict((_outcome(
         "fp32-scales-on-blackwell", POWER_OF_2,
-        f"{where}: {whose} {SCALES_VARIABLE}=1 asks TE for FP32 block scales, which its "
+        f"{where}: {found.whose} {SCALES_VARIABLE}=1 asks TE for FP32 block scales, which its "
         f"blockwise cast kernels refuse on compute capability {format_capability(newest)} (the "
         "recipe is emulated with MXFP8 there) [fp32-scales-on-blackwell]",
         replaces=replaces, fill=replaces is not None),))

@@ -92,3 +92,18 @@ def test_a_row_is_found_by_its_id():
     pack = get_pack("torch-arch")
     assert pack.row("no-portable-arch").id == "no-portable-arch"
     assert [pack.row(row.id) for row in pack.rows] == list(pack.rows)
+
+
+def test_seen_tells_the_jobs_value_the_nodes_and_the_frameworks_own():
+    from ray_megatron_env.packs.pack import seen
+    from ray_megatron_env.spec import Spec
+
+    spec = Spec(framework_env=(("FLA_TILELANG", "1"),))
+    framework = seen("FLA_TILELANG", spec, {"FLA_TILELANG": "1"}, {"FLA_TILELANG": "0"})
+    assert (framework.explicit, framework.value, framework.replaces, framework.whose) == (
+        "1", "1", "1", "the")
+    job = seen("FLA_TILELANG", spec, {"FLA_TILELANG": 0}, {})
+    assert (job.explicit, job.value, job.replaces, job.whose) == ("0", "0", None, "the job's")
+    node = seen("FLA_TILELANG", spec, {}, {"FLA_TILELANG": "0"})
+    assert (node.explicit, node.value, node.replaces, node.whose) == (
+        None, "0", None, "the inherited")
