@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .frameworks.loading import ConfigLike
-from .names import CONNECTIONS_VARIABLE, DECISION_VARIABLE, FIELD, OPTIONAL_PACKS, PACK_VARIABLES
+from .names import (
+    CONNECTIONS_VARIABLE, DECISION_VARIABLE, FACT_KINDS, FIELD, OPTIONAL_PACKS, PACK_VARIABLES,
+)
 from .record import VIA_PLUGIN, Decision
 from .runtime_env import build_runtime_env
 from .setup_hook import as_actor_env
@@ -93,12 +95,12 @@ class _WorkerView:
             return seen
         import ray
 
-        from .probe import probe_fabric, probe_net, probe_p2p
+        from .probe import probes
 
+        bound = probes(os.environ, ray.util.get_node_ip_address())
+        facts = {kind: asdict(bound[kind]()) for kind in FACT_KINDS}
         values = {name: os.environ[name] for name in PACK_VARIABLES if name in os.environ}
-        net = probe_net(node_ip=ray.util.get_node_ip_address())
-        return seen + (json.dumps(probe_fabric().to_dict()), json.dumps(probe_p2p().to_dict()),
-                       json.dumps(values), json.dumps(asdict(net)))
+        return seen + (json.dumps(facts), json.dumps(values))
 
 
 def alive_nodes() -> List[Tuple[str, str]]:
@@ -207,7 +209,7 @@ def _report(node_id: str, ip: str, answer: Any, timeout_s: float,
     decision = Decision.from_json(text) if text else None
     registered = decision is not None and (decision.via or VIA_PLUGIN) == VIA_PLUGIN
     return NodeReport(node_id, ip, registered, value, decision, label=label,
-                      advice=_advice(answer[2], text, label or node_id[:8], *answer[3:6])
+                      advice=_advice(answer[2], text, label or node_id[:8], answer[3])
                       if len(answer) > 2 and text else None)
 
 
@@ -232,28 +234,25 @@ def _error_text(error: Exception) -> str:
     return f"{type(error).__name__}: {line}"
 
 
-def _advice(fabric_json: str, decision_json: str, where: str,
-            p2p_json: Optional[str] = None, environ_json: Optional[str] = None,
-            net_json: Optional[str] = None) -> Optional[str]:
+def _advice(facts_json: str, decision_json: str, where: str,
+            environ_json: Optional[str] = None) -> Optional[str]:
     """Each optional pack the job did not ask for, evaluated on this node's
-    facts and on the values its worker has (from the node or the job): every
-    required change it would make, in words."""
-    from .names import FABRIC, NET, P2P
+    facts (``{kind: record}`` as JSON, each kind's record as the node cache
+    keeps it) and on the values its worker has (from the node or the job):
+    every required change it would make, in words."""
     from .node import NodeFacts, facts_from_record, parse_gpu_list
     from .packs import get_pack
     from .packs.pack import REQUIRED, SET
 
     decision = Decision.from_json(decision_json)
-    fabric = facts_from_record(FABRIC, json.loads(fabric_json))
-    p2p = facts_from_record(P2P, json.loads(p2p_json)) if p2p_json else None
-    net = facts_from_record(NET, json.loads(net_json)) if net_json else None
+    facts = {kind: facts_from_record(kind, record)
+             for kind, record in json.loads(facts_json).items()}
     environ = json.loads(environ_json) if environ_json else {}
     gpus = parse_gpu_list(decision.gpus if decision.gpus is not None else "none")
     asked = {entry["pack"] for entry in decision.packs.values()}
     notes = []
     for name in (p for p in OPTIONAL_PACKS if p not in asked):
-        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, fabric, p2p, net), {},
-                                          environ)
+        verdict = get_pack(name).evaluate(Spec(), NodeFacts(gpus, **facts), {}, environ)
         for outcome in verdict.outcomes:
             if outcome.strength == REQUIRED and outcome.action == SET:
                 notes.append(f"{name} would set {outcome.variable}={outcome.value} on node "

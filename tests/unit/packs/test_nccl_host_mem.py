@@ -184,15 +184,17 @@ def _decision_json(gpus):
 
 
 def test_check_names_nccl_host_mem_on_an_l40s_node_with_an_old_driver():
-    fabric = json.dumps(NodeFabric((), "absent", "fake").to_dict())
-    p2p = json.dumps(parse_fake_node(L40S_OLD).p2p.to_dict())
-    advice = _advice(fabric, _decision_json(L40S_8), "l40s", p2p, "{}")
+    fabric = NodeFabric((), "absent", "fake").to_dict()
+    p2p = parse_fake_node(L40S_OLD).p2p.to_dict()
+    advice = _advice(json.dumps({"fabric": fabric, "p2p": p2p}), _decision_json(L40S_8), "l40s",
+                     "{}")
     assert advice.startswith("nccl-host-mem would set NCCL_CUMEM_HOST_ENABLE=0 on node l40s: "
                              "8 NVIDIA GPU(s), no peer access")
     assert "packs=['nccl-host-mem']" in advice and "torch-arch" not in advice
     # driver 13.0: nothing to advise
-    p2p_new = json.dumps(parse_fake_node(L40S_NEW).p2p.to_dict())
-    assert _advice(fabric, _decision_json(L40S_8), "l40s", p2p_new, "{}") is None
+    p2p_new = parse_fake_node(L40S_NEW).p2p.to_dict()
+    assert _advice(json.dumps({"fabric": fabric, "p2p": p2p_new}), _decision_json(L40S_8),
+                   "l40s", "{}") is None
 
 
 def test_a_decision_with_both_packs_round_trips_through_json():

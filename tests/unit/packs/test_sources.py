@@ -266,10 +266,10 @@ def test_check_advises_nccl_host_mem_from_the_kernel_driver():
     from ray_megatron_env.explanation import explain
     from ray_megatron_env.node import NodeFabric
 
-    fabric = json.dumps(NodeFabric((), "absent", "fake").to_dict())
+    fabric = NodeFabric((), "absent", "fake").to_dict()
     decision = explain(MEGATRON_TP2, "8.9,8.9,8.9,8.9").to_json()
-    old = json.dumps(parse_fake_node(_node("13.0", "570.172.08")).p2p.to_dict())
-    new = json.dumps(parse_fake_node(_node("13.0", "580.65.06")).p2p.to_dict())
-    assert _advice(fabric, decision, "l4", old, "{}").startswith(
+    old = parse_fake_node(_node("13.0", "570.172.08")).p2p.to_dict()
+    new = parse_fake_node(_node("13.0", "580.65.06")).p2p.to_dict()
+    assert _advice(json.dumps({"fabric": fabric, "p2p": old}), decision, "l4", "{}").startswith(
         "nccl-host-mem would set NCCL_CUMEM_HOST_ENABLE=0 on node l4")
-    assert _advice(fabric, decision, "l4", new, "{}") is None
+    assert _advice(json.dumps({"fabric": fabric, "p2p": new}), decision, "l4", "{}") is None

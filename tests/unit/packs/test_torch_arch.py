@@ -109,13 +109,12 @@ def _decision_json(gpus):
 
 
 def test_check_names_torch_arch_where_the_nodes_list_misses_its_gpus():
-    fabric = json.dumps(NodeFabric((), "absent", "fake").to_dict())
-    p2p = json.dumps(parse_fake_node('{"gpus": "8.0"}').p2p.to_dict())
-    advice = _advice(fabric, _decision_json("8.0"), "a100", p2p,
-                     json.dumps({ARCHS: "9.0 10.0"}))
+    facts = json.dumps({"fabric": NodeFabric((), "absent", "fake").to_dict(),
+                        "p2p": parse_fake_node('{"gpus": "8.0"}').p2p.to_dict()})
+    advice = _advice(facts, _decision_json("8.0"), "a100", json.dumps({ARCHS: "9.0 10.0"}))
     assert advice.startswith("torch-arch would set TORCH_CUDA_ARCH_LIST=8.0 on node a100")
     # unset is PyTorch's default: no advice for it
-    assert _advice(fabric, _decision_json("8.0"), "a100", p2p, "{}") is None
+    assert _advice(facts, _decision_json("8.0"), "a100", "{}") is None
 
 
 def test_check_prints_every_nodes_arch_list_for_the_driver():
